@@ -1,0 +1,19 @@
+"""deepspeed_zeropp: ZeRO-3 quantized weights (ZeRO++ qwZ / MixZ++) that keep every parameter's dtype.
+
+Importing this package is lean: it does not import DeepSpeed, initialise CUDA, or build anything. Call
+:func:`patch` (or set ``DEEPSPEED_ZEROPP=1``) before DeepSpeed starts gathering parameters.
+"""
+__version__ = "0.1.0"
+__all__ = ["patch", "unpatch", "__version__"]
+
+
+def patch(backend="auto", strict=True):
+    """Patch the installed DeepSpeed; see :func:`deepspeed_zeropp.patch.apply.patch`."""
+    from .patch.apply import patch as _patch
+    return _patch(backend=backend, strict=strict)
+
+
+def unpatch():
+    """Restore DeepSpeed exactly as it was before :func:`patch`."""
+    from .patch.apply import unpatch as _unpatch
+    _unpatch()

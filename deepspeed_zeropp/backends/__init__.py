@@ -1,0 +1,38 @@
+"""Backend registry: which implementation serves a tensor on a given device.
+
+``auto`` uses the native CUDA kernels for CUDA tensors (falling back to pure torch with one warning if they
+cannot be built) and pure torch elsewhere; ``torch``, ``cuda`` and ``deepspeed`` force one implementation.
+"""
+import importlib
+import warnings
+
+BACKENDS = ("auto", "torch", "cuda", "deepspeed")
+_MODULES = {"torch": "torch_ref", "cuda": "cuda", "deepspeed": "deepspeed_op"}
+_warned_fallback = False
+
+
+def _load(name):
+    return importlib.import_module(f"{__name__}.{_MODULES[name]}")
+
+
+def check_backend_name(name):
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def resolve_backend(name, device):
+    """Return the backend module for ``name`` on ``device`` (a torch.device)."""
+    global _warned_fallback
+    check_backend_name(name)
+    if name != "auto":
+        return _load(name)
+    if device.type != "cuda":
+        return _load("torch")
+    cuda = _load("cuda")
+    error = cuda.load_error()
+    if error is None:
+        return cuda
+    if not _warned_fallback:
+        warnings.warn(f"deepspeed_zeropp: native CUDA quantizer unavailable ({error}); using the pure-torch backend")
+        _warned_fallback = True
+    return _load("torch")

@@ -1,0 +1,136 @@
+"""Native CUDA backend: JIT-builds the csrc/ quantizer on first use and serves CUDA tensors with it.
+
+The build (torch.utils.cpp_extension + ninja) is cached on disk per torch/CUDA version and target
+architecture, so only the first process on a machine pays for it; later ones load the cached library.
+Nothing happens at import: no CUDA context, no build. A build or load failure is caught once and reported
+by :func:`load_error` as a short string, which the backend registry turns into a warning and a fallback.
+"""
+import contextlib
+import os
+import re
+from pathlib import Path
+
+import torch
+
+EXTENSION_NAME = "deepspeed_zeropp_quantizer"
+SOURCES = ("binding.cpp", "quantize.cu", "dequantize.cu")
+CACHE_ENV = "DEEPSPEED_ZEROPP_CACHE"
+# The kernels use no architecture-specific ("a"/"f") features, so suffixed entries are built as the plain arch.
+_ARCH_PATTERN = re.compile(r"^(\d+)\.(\d+)[af]?(\+PTX)?$", re.IGNORECASE)
+
+_module = None
+_error = None
+_tried = False
+
+
+def source_dir():
+    """Directory holding the CUDA sources: top-level csrc/ in a source checkout, ``_csrc`` inside an install."""
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package.parent / "csrc", package / "_csrc"):
+        if all((candidate / name).is_file() for name in SOURCES):
+            return candidate
+    raise FileNotFoundError(f"CUDA sources {', '.join(SOURCES)} not found beside the package ({package})")
+
+
+def sanitize_arch_list(arch_list):
+    """Normalise a TORCH_CUDA_ARCH_LIST value ("9.0a;10.0a+PTX" -> "9.0;10.0+PTX"); unparsable entries are dropped."""
+    kept = []
+    for entry in re.split(r"[;\s,]+", arch_list.strip()):
+        match = _ARCH_PATTERN.match(entry)
+        if match:
+            arch = f"{int(match.group(1))}.{int(match.group(2))}" + ("+PTX" if match.group(3) else "")
+            if arch not in kept:
+                kept.append(arch)
+    return ";".join(kept)
+
+
+def target_arch_list():
+    """The sanitised TORCH_CUDA_ARCH_LIST if it names any valid arch, else the current device's capability."""
+    arch_list = sanitize_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST", ""))
+    if arch_list:
+        return arch_list
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}.{minor}"
+
+
+def build_dir(arch_list):
+    """Cache directory for one (torch, CUDA, arch list) combination, shared by every process of the user."""
+    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "deepspeed_zeropp")
+    arch_tag = arch_list.replace(";", "_").replace(".", "").replace("+", "")
+    torch_tag = torch.__version__.split("+")[0]
+    path = root / f"torch{torch_tag}_cu{torch.version.cuda}_sm{arch_tag}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def _environ(name, value):
+    """Set an environment variable for the build only: torch reads the arch list from os.environ."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = previous
+
+
+def _build():
+    from torch.utils.cpp_extension import load
+
+    sources = source_dir()
+    arch_list = target_arch_list()
+    with _environ("TORCH_CUDA_ARCH_LIST", arch_list):
+        return load(
+            name=EXTENSION_NAME,
+            sources=[str(sources / name) for name in SOURCES],
+            extra_include_paths=[str(sources)],
+            # No --use_fast_math: IEEE division and no flush-to-zero are part of the wire format.
+            extra_cflags=["-O3"],
+            extra_cuda_cflags=["-O3"],
+            build_directory=str(build_dir(arch_list)),
+            verbose=False)
+
+
+def _short(exc):
+    lines = str(exc).strip().splitlines()
+    first = lines[0] if lines else ""
+    return f"{type(exc).__name__}: {first[:200]}" if first else type(exc).__name__
+
+
+def load_error():
+    """None when the native extension is usable (building it on the first call), else a short cause. Never raises."""
+    global _module, _error, _tried
+    if not _tried:
+        _tried = True
+        if torch.version.cuda is None:
+            _error = "torch was built without CUDA"
+        elif not torch.cuda.is_available():
+            _error = "no CUDA device is available"
+        else:
+            try:
+                _module = _build()
+            except Exception as exc:  # any build/load failure becomes a fallback, not a crash
+                _error = f"building the CUDA extension failed ({_short(exc)})"
+    return _error
+
+
+def _extension():
+    error = load_error()
+    if error is not None:
+        raise RuntimeError(f"deepspeed_zeropp CUDA backend unavailable: {error}")
+    return _module
+
+
+def quantize(flat, groups):
+    """Quantize a flat contiguous CUDA tensor (numel divisible by ``groups``) -> (int8 codes, fp32 scales [groups])."""
+    return _extension().quantize(flat, groups)
+
+
+def dequantize(codes, scales, group_size, dtype):
+    """Dequantize flat int8 ``codes`` (numel <= len(scales) * group_size) with 1-D fp32 ``scales`` into ``dtype``."""
+    out = torch.empty(codes.numel(), dtype=dtype, device=codes.device)
+    _extension().dequantize(codes, scales, group_size, out)
+    return out

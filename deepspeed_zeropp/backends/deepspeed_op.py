@@ -1,0 +1,30 @@
+"""DeepSpeed's own compiled quantizer, used the way upstream 0.19.6+ uses it (for users who want its numerics).
+
+The op only reads and writes fp16, so values are converted to fp16 on the way in and the fp16 result is
+converted to the requested dtype on the way out (DeepSpeed PR #8215's behaviour). This detour loses range and
+precision for bf16/fp32; the native backends do not take it.
+"""
+import functools
+
+import torch
+
+
+@functools.lru_cache(maxsize=1)
+def _op():
+    from deepspeed.ops.op_builder import QuantizerBuilder
+    return QuantizerBuilder().load()
+
+
+def quantize(flat, groups):
+    op = _op()
+    codes, scales = op.quantize(flat.to(torch.float16), groups, 8, op.Symmetric)
+    return codes.view(-1), scales.view(-1)
+
+
+def dequantize(codes, scales, group_size, dtype):
+    op = _op()
+    padded_numel = scales.numel() * group_size
+    if codes.numel() != padded_numel:  # the op needs whole groups: pad the prefix, then cut it back
+        codes = torch.cat([codes, codes.new_zeros(padded_numel - codes.numel())])
+    out = op.dequantize(codes, scales.view(-1, 1), scales.numel(), 8, op.Symmetric).view(-1)
+    return out[:codes.numel()].to(dtype)

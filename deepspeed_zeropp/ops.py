@@ -1,0 +1,50 @@
+"""Public quantize / dequantize: input checks, shape handling and backend dispatch, in one place.
+
+Backends only ever see flat, contiguous tensors whose sizes already agree with the group count; everything a
+caller can get wrong is rejected here with an error that names the problem and what is accepted.
+"""
+import torch
+
+from .dtypes import DEFAULT_DEQUANT_DTYPE, check_float_dtype, check_wire_tensors
+from .grouping import group_count
+from .backends import resolve_backend
+
+
+def quantize(x, groups=None, backend="auto"):
+    """Quantize ``x`` (fp16, bf16 or fp32, any shape and layout) to int8 codes of x's shape and 1-D fp32 scales.
+
+    ``groups`` defaults to :func:`group_count` of ``x.numel()`` and must divide ``x.numel()``.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"quantize expects a torch.Tensor, got {type(x).__name__}")
+    check_float_dtype(x.dtype, "quantize input")
+    numel = x.numel()
+    if groups is None:
+        groups = group_count(numel)
+    if not isinstance(groups, int) or groups < 1 or numel % groups != 0:
+        raise ValueError(f"groups must be a positive int dividing numel={numel}, got {groups!r}")
+    impl = resolve_backend(backend, x.device)
+    codes, scales = impl.quantize(x.detach().contiguous().view(-1), groups)
+    return codes.view(x.shape), scales
+
+
+def dequantize(codes, scales, dtype=None, group_size=None, backend="auto"):
+    """Dequantize int8 ``codes`` with fp32 ``scales`` ([G] or [G, 1]) to ``dtype`` (fp16 when None), codes' shape.
+
+    Groups are contiguous runs of ``group_size`` elements (default ``codes.numel() // G``, which must then divide
+    exactly). A larger ``group_size`` describes codes that are the prefix of a padded, gathered buffer.
+    """
+    check_wire_tensors(codes, scales)
+    dtype = DEFAULT_DEQUANT_DTYPE if dtype is None else dtype
+    check_float_dtype(dtype, "dequantize output")
+    flat_scales = scales.reshape(-1).contiguous()
+    num_groups, numel = flat_scales.numel(), codes.numel()
+    if group_size is None:
+        if numel % num_groups != 0:
+            raise ValueError(f"{numel} codes cannot be split into {num_groups} equal groups; pass group_size")
+        group_size = numel // num_groups
+    elif numel > num_groups * group_size or group_size < 1:
+        raise ValueError(f"{numel} codes do not fit {num_groups} groups of {group_size}")
+    impl = resolve_backend(backend, codes.device)
+    out = impl.dequantize(codes.contiguous().view(-1), flat_scales.to(codes.device), group_size, dtype)
+    return out.view(codes.shape)

@@ -1,0 +1,118 @@
+"""Apply and undo the patch on the installed DeepSpeed, and report what was done at each site."""
+import importlib
+import logging
+import warnings
+from typing import List, NamedTuple
+
+from packaging.version import Version
+
+from ..backends import check_backend_name
+from ..quantizer import QuantizerMethods
+from .seams import MARKER, mark
+from .sites import NEWEST_KNOWN, OLDEST_SUPPORTED, SITES
+
+logger = logging.getLogger("deepspeed_zeropp")
+_MISSING = object()
+_originals = {}  # site name -> (owner class, attr, value in the class __dict__ before patching or _MISSING)
+
+
+class PatchError(RuntimeError):
+    """A site the table expects on this DeepSpeed release could not be patched."""
+
+
+class SiteReport(NamedTuple):
+    name: str
+    status: str  # "patched", "absent in this release", "missing (not patched)"
+    detail: str = ""
+
+
+class PatchReport(NamedTuple):
+    deepspeed_version: str
+    backend: str
+    sites: List[SiteReport]
+
+    @property
+    def patched(self):
+        return [s.name for s in self.sites if s.status == "patched"]
+
+    def __str__(self):
+        width = max(len(s.name) for s in self.sites)
+        lines = [f"deepspeed_zeropp on DeepSpeed {self.deepspeed_version} (backend: {self.backend})"]
+        lines += [f"  {s.name:<{width}}  {s.status}{'  (' + s.detail + ')' if s.detail else ''}" for s in self.sites]
+        return "\n".join(lines)
+
+
+def _release(version_string):
+    return Version(Version(version_string).base_version)
+
+
+def _in_range(site, version):
+    return ((site.since is None or version >= _release(site.since))
+            and (site.until is None or version <= _release(site.until)))
+
+
+def _check_version(version_string, strict):
+    version = _release(version_string)
+    if version < _release(OLDEST_SUPPORTED):
+        message = (f"DeepSpeed {version_string} is older than the oldest release deepspeed_zeropp supports "
+                   f"({OLDEST_SUPPORTED}); upgrade DeepSpeed or pass strict=False to try anyway")
+        if strict:
+            raise PatchError(message)
+        warnings.warn(message)
+    elif version > _release(NEWEST_KNOWN):
+        warnings.warn(f"DeepSpeed {version_string} is newer than the newest release deepspeed_zeropp was tested with "
+                      f"({NEWEST_KNOWN}); patching the sites known from {NEWEST_KNOWN}")
+    return version
+
+
+def _detail(site, version):
+    if site.upstream_fixed_in and version >= _release(site.upstream_fixed_in):
+        return f"upstream casts through fp16 here since {site.upstream_fixed_in}; replaced by native dtypes"
+    return ""
+
+
+def _patch_site(site, version):
+    owner = getattr(importlib.import_module(site.module), site.owner, None)
+    original = owner.__dict__.get(site.attr, _MISSING) if isinstance(owner, type) else _MISSING
+    if original is _MISSING:
+        return None
+    if getattr(original, MARKER, False):
+        return SiteReport(site.name, "patched", _detail(site, version))
+    setattr(owner, site.attr, mark(site.factory(original), original, site.why))
+    _originals[site.name] = (owner, site.attr, original)
+    logger.info("deepspeed_zeropp: patched %s.%s", site.module, site.name)
+    return SiteReport(site.name, "patched", _detail(site, version))
+
+
+def patch(backend="auto", strict=True):
+    """Patch the installed DeepSpeed so ZeRO-3 quantized weights keep every parameter's dtype.
+
+    ``backend``: "auto" (native CUDA kernels for CUDA tensors, pure torch elsewhere), "torch", "cuda", or
+    "deepspeed" (DeepSpeed's own fp16 op with casts around it, upstream 0.19.6+ numerics). Idempotent: a second
+    call only switches the backend. With ``strict`` a site expected on this release but not found raises
+    :class:`PatchError` naming the site and the DeepSpeed version. Returns a :class:`PatchReport`."""
+    check_backend_name(backend)
+    import deepspeed
+    version = _check_version(deepspeed.__version__, strict)
+    QuantizerMethods.backend = backend
+    reports = []
+    for site in SITES:
+        expected = _in_range(site, version)
+        report = _patch_site(site, version) if expected else None
+        if report is None and expected:
+            message = (f"deepspeed_zeropp: expected {site.module}.{site.name} in DeepSpeed {deepspeed.__version__} "
+                       f"but it is not there; this release is not supported")
+            if strict:
+                raise PatchError(message)
+            warnings.warn(message)
+            report = SiteReport(site.name, "missing (not patched)")
+        reports.append(report or SiteReport(site.name, "absent in this release"))
+    return PatchReport(deepspeed.__version__, backend, reports)
+
+
+def unpatch():
+    """Restore every object the patch replaced, exactly as it was. Safe to call when nothing is patched."""
+    while _originals:
+        _, (owner, attr, original) = _originals.popitem()
+        setattr(owner, attr, original)
+    QuantizerMethods.backend = "auto"

@@ -1,0 +1,67 @@
+"""Which DeepSpeed objects the patch replaces, on which releases, and why: the version-site table, as data.
+
+A row names an attribute of a class in a DeepSpeed module, the releases that carry it (``since`` inclusive,
+``until`` inclusive, None for open), the seam factory that wraps it, and why it is patched. On a release inside
+a row's range the attribute must exist; ``patch(strict=True)`` raises otherwise.
+"""
+from typing import Callable, NamedTuple, Optional
+
+from ..quantizer import QuantizerMethods
+from . import seams
+
+PARTITION_PARAMETERS = "deepspeed.runtime.zero.partition_parameters"
+UPSTREAM_DTYPE_FIX = "0.19.6"  # DeepSpeed PR #8215: fp16 detour in the quantizer, dtype= at five sites
+
+OLDEST_SUPPORTED = "0.16.0"
+NEWEST_KNOWN = "0.19.8"
+
+
+class Site(NamedTuple):
+    owner: str  # class name in ``module``
+    attr: str
+    factory: Callable  # original -> replacement
+    why: str
+    since: Optional[str] = None
+    until: Optional[str] = None
+    upstream_fixed_in: Optional[str] = None  # release from which upstream handles dtypes here (by fp16 detour)
+    module: str = PARTITION_PARAMETERS
+
+    @property
+    def name(self):
+        return f"{self.owner}.{self.attr}"
+
+
+SITES = (
+    Site("CUDAQuantizer", "__init__", seams.replace_with(QuantizerMethods.__init__),
+         QuantizerMethods.__init__.__doc__),
+    Site("CUDAQuantizer", "quantize", seams.replace_with(QuantizerMethods.quantize),
+         QuantizerMethods.quantize.__doc__, upstream_fixed_in=UPSTREAM_DTYPE_FIX),
+    Site("CUDAQuantizer", "dequantize", seams.replace_with(QuantizerMethods.dequantize),
+         QuantizerMethods.dequantize.__doc__, upstream_fixed_in=UPSTREAM_DTYPE_FIX),
+    Site("AllGatherHandle", "wait", seams.SINGLE_GATHER,
+         "Why this seam: AllGatherHandle.wait dequantizes one gathered parameter; before 0.19.6 without a dtype "
+         "(fp16 back), and for padded partitions with the wrong scale-to-element mapping. Wrapping wait reaches "
+         "the handle after the all-gather, where the parameter and its gathered buffer are both known.",
+         upstream_fixed_in=UPSTREAM_DTYPE_FIX),
+    Site("AllGatherCoalescedHandle", "wait", seams.BUCKET_GATHER,
+         "Why this seam: AllGatherCoalescedHandle.wait dequantizes a whole bucket, possibly of mixed dtypes, "
+         "without a dtype on every release (slices stay fp16 before 0.17.2). Dequantizing in the bucket's "
+         "common dtype (fp32 when mixed) and casting each slice once keeps every dtype and its precision."),
+    Site("NoGatherHandle", "__init__", seams.NO_GATHER,
+         "Why this seam: NoGatherHandle.__init__ dequantizes a stored int8 (MixZ++) partition when the partition "
+         "group has one rank; before 0.19.6 it hands back fp16.",
+         upstream_fixed_in=UPSTREAM_DTYPE_FIX),
+    Site("NoGatherCoalescedHandle", "__init__", seams.NO_GATHER_COALESCED,
+         "Why this seam: NoGatherCoalescedHandle.__init__, as NoGatherHandle.__init__, for a list of parameters.",
+         upstream_fixed_in=UPSTREAM_DTYPE_FIX),
+    Site("Init", "_allgather_params_coalesced", seams.INIT_GATHER,
+         "Why this seam: Init's own coalesced all-gather (GatheredParameters with hierarchy) dequantizes each "
+         "parameter without a dtype before 0.19.6; the wrapper knows the list of parameters it fills.",
+         upstream_fixed_in=UPSTREAM_DTYPE_FIX),
+    Site("Init", "_allgather_params", seams.INIT_GATHER,
+         "Why this seam: Init's sequential all-gather dequantizes without a dtype; renamed in 0.18.5.",
+         until="0.18.4"),
+    Site("Init", "_allgather_params_sequential", seams.INIT_GATHER,
+         "Why this seam: Init's sequential all-gather (the 0.18.5+ name of _allgather_params).",
+         since="0.18.5", upstream_fixed_in=UPSTREAM_DTYPE_FIX),
+)

@@ -1,0 +1,68 @@
+"""Start a harness job: one subprocess per rank on this machine, rendezvous over TCP on localhost."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class JobFailed(RuntimeError):
+    pass
+
+
+def _extensions_dir():
+    """DeepSpeed's CPU accelerator JIT-builds a shared-memory op under a fixed name; builds from different
+    DeepSpeed releases must not share a cache directory, or one release loads another's incompatible op."""
+    from importlib.metadata import version
+    return os.path.join(os.path.expanduser("~"), ".cache", "deepspeed_zeropp", f"torch_extensions_ds{version('deepspeed')}")
+
+
+def run_job(spec, world_size=2, timeout=600, env=None, device="cpu"):
+    """Run ``spec`` (see worker.py) on ``world_size`` local ranks; return rank 0's results dict.
+
+    On CPU every rank uses DeepSpeed's CPU accelerator over gloo; on "cuda" every rank shares GPU 0 (gloo too),
+    which is how a one-GPU machine runs several ranks. Raises JobFailed with the ranks' output tails if a rank
+    crashes, hangs past ``timeout`` seconds, or rank 0 writes no result."""
+    workdir = tempfile.mkdtemp(prefix="deepspeed_zeropp_job_")
+    spec = dict(spec, out=os.path.join(workdir, "result.json"), device=device)
+    spec_path = os.path.join(workdir, "spec.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    base_env = dict(os.environ, **(env or {}))
+    base_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world_size),
+                    LOCAL_SIZE=str(world_size), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    base_env.setdefault("TORCH_EXTENSIONS_DIR", _extensions_dir())
+    if device == "cpu":
+        base_env["DS_ACCELERATOR"] = "cpu"
+    procs, logs = [], []
+    for rank in range(world_size):
+        log = open(os.path.join(workdir, f"rank{rank}.log"), "w+")
+        rank_env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank if device == "cpu" else 0))
+        procs.append(subprocess.Popen([sys.executable, "-m", "deepspeed_zeropp.training.worker", spec_path],
+                                      env=rank_env, stdout=log, stderr=subprocess.STDOUT))
+        logs.append(log)
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    hung = [p for p in procs if p.poll() is None]
+    for p in hung:
+        p.kill()
+        p.wait()
+    tails = []
+    for rank, log in enumerate(logs):
+        log.seek(0)
+        tails.append(f"--- rank {rank} (exit {procs[rank].returncode}) ---\n" + log.read()[-4000:])
+        log.close()
+    if hung or any(p.returncode != 0 for p in procs) or not os.path.exists(spec["out"]):
+        reason = f"timed out after {timeout}s" if hung else "a rank failed"
+        raise JobFailed(f"harness job {reason}:\n" + "\n".join(tails))
+    with open(spec["out"]) as f:
+        return json.load(f)

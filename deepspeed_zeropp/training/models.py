@@ -1,0 +1,58 @@
+"""Models the harness trains, built from configs (no downloads), and their synthetic batches."""
+import torch
+
+VOCAB = 1024
+SEQ = 32
+
+
+def bert(dtype, layers=4, hidden=256):
+    """The DeepSpeed #7775 shape: BertForSequenceClassification from a BertConfig. With hidden 256 and vocab
+    1024 several partitions at 2 ranks are not multiples of 8 (257 and others): upstream asserts on them."""
+    from transformers import BertConfig, BertForSequenceClassification
+    config = BertConfig(vocab_size=VOCAB + 1, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                        intermediate_size=4 * hidden, max_position_embeddings=64, num_labels=2)
+    return BertForSequenceClassification(config).to(dtype)
+
+
+class MixedLinear(torch.nn.Module):
+    """A trainable fp32 weight and a frozen bf16 gate in one module: ZeRO-3 fetches both in one coalesced
+    bucket, which the quantized path concatenates regardless of dtype. (DeepSpeed's optimizer wants one dtype
+    among trainable parameters, hence the frozen bf16 one.)"""
+
+    def __init__(self, width):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(width, width) / width**0.5)
+        self.gate = torch.nn.Parameter(torch.randn(width, width, dtype=torch.bfloat16) / width**0.5,
+                                       requires_grad=False)
+
+    def forward(self, x):
+        return x @ self.weight.t() + (x.to(self.gate.dtype) @ self.gate.t()).to(x.dtype)
+
+
+class MixedMLP(torch.nn.Module):
+
+    def __init__(self, width=96):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, width)
+        self.mixed = MixedLinear(width)
+        self.head = torch.nn.Linear(width, 2)
+
+    def forward(self, input_ids, labels):
+        hidden = torch.relu(self.mixed(self.embed(input_ids).mean(dim=1)))
+        return {"loss": torch.nn.functional.cross_entropy(self.head(hidden), labels)}
+
+
+def build(name, dtype):
+    if name == "bert":
+        return bert(dtype)
+    if name == "mixed":
+        return MixedMLP()
+    raise ValueError(f"unknown model {name!r}; choose bert or mixed")
+
+
+def batch(step, rank, batch_size=4):
+    """The same batch for the same (step, rank) in every run, quantized or not."""
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    input_ids = torch.randint(1, VOCAB, (batch_size, SEQ), generator=generator)
+    labels = torch.randint(0, 2, (batch_size, ), generator=generator)
+    return {"input_ids": input_ids, "labels": labels}

@@ -1,0 +1,170 @@
+"""One rank of a harness job: train each configured run with ZeRO-3 and report what happened (rank 0 writes)."""
+import json
+import os
+import sys
+import traceback
+
+import torch
+
+from . import models
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+
+
+def ds_config(run, dtype):
+    zero = {
+        "stage": 3,
+        "stage3_param_persistence_threshold": 0,  # every parameter is gathered, so every one is quantized
+        "zero_quantized_weights": run.get("quantized", False),
+        "zero_quantized_nontrainable_weights": run.get("quantized_nontrainable", False),
+    }
+    if run.get("sequential"):
+        zero["stage3_allgather_sequential"] = True
+    if run.get("hpz"):
+        zero["zero_hpz_partition_size"] = run["hpz"]
+    return {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": zero,
+        "bf16": {"enabled": dtype == torch.bfloat16},
+        "fp16": {"enabled": dtype == torch.float16},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+    }
+
+
+class Counters:
+    """Counts calls through DeepSpeed's quantizer and handles without changing what they do."""
+
+    def __init__(self):
+        self.counts = {}
+        self._restore = []
+
+    def spy(self, owner, attr, key, when=lambda *a, **k: True):
+        original = owner.__dict__[attr]
+
+        def counting(*args, **kwargs):
+            if when(*args, **kwargs):
+                self.counts[key] = self.counts.get(key, 0) + 1
+            return original(*args, **kwargs)
+
+        setattr(owner, attr, counting)
+        self._restore.append((owner, attr, original))
+
+    def install(self):
+        from deepspeed.runtime.zero import partition_parameters as pp
+        self.spy(pp.CUDAQuantizer, "quantize", "quantize")
+        self.spy(pp.CUDAQuantizer, "dequantize", "dequantize")
+        self.spy(pp.AllGatherHandle, "wait", "quantized_single_gathers",
+                 lambda h, *a, **k: getattr(h, "_AllGatherHandle__quantization", None) is not None)
+        self.spy(pp.AllGatherCoalescedHandle, "wait", "quantized_bucket_gathers",
+                 lambda h, *a, **k: getattr(h, "quantization", None) is not None)
+
+    def remove(self):
+        for owner, attr, original in reversed(self._restore):
+            setattr(owner, attr, original)
+
+
+class ForwardChecks:
+    """At every module forward (after ZeRO-3 gathered its parameters): dtype kept, and values still equal to
+    the originals within the int8 bound wherever they cannot have been trained yet (frozen, or before step 1)."""
+
+    def __init__(self, model):
+        self.expected = {p: (n, p.dtype, p.detach().float().clone(), p.requires_grad) for n, p in model.named_parameters()}
+        self.checks = 0
+        self.dtype_errors = []
+        self.value_errors = []
+        self.max_rel_error = 0.0
+        self.trained = False
+        self.largest = max(original.abs().max().item() for _, _, original, _ in self.expected.values())
+
+    def hook(self, module, inputs):
+        for param in module.parameters(recurse=False):
+            name, dtype, original, trainable = self.expected[param]
+            self.checks += 1
+            if param.dtype != dtype:
+                self.dtype_errors.append(f"{name}: {param.dtype} (expected {dtype})")
+            elif (not trainable or not self.trained) and param.numel() == original.numel():
+                self._compare(name, param.detach().float().view(original.shape), original)
+
+    def _compare(self, name, gathered, original):
+        """A coalesced bucket quantizes groups that span neighbouring parameters, so a group's absmax can come
+        from the largest parameter in the model: half a step of that (absmax/256), plus the dtype's rounding,
+        bounds the error. Garbage (bits misread, uninitialised buffers) is off by the values' own size."""
+        error = (gathered - original).abs().max().item()
+        own = original.abs().max().item() or 1.0
+        self.max_rel_error = max(self.max_rel_error, error / own)
+        if not error <= self.largest / 128:
+            self.value_errors.append(f"{name}: max error {error:.3g} (absmax {own:.3g})")
+
+    def attach(self, model):
+        for module in model.modules():
+            module.register_forward_pre_hook(self.hook)
+
+
+def train(run, spec, rank):
+    import deepspeed
+    dtype = DTYPES[spec["dtype"]]
+    torch.manual_seed(spec.get("seed", 0))
+    model = models.build(spec["model"], dtype)
+    for name, param in model.named_parameters():
+        if any(key in name for key in spec.get("frozen", [])):
+            param.requires_grad_(False)
+    checks = ForwardChecks(model)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=spec.get("lr", 1e-3))
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(run, dtype))
+    checks.attach(engine.module)
+    counters = Counters()
+    counters.install()
+    losses = []
+    try:
+        for step in range(spec.get("steps", 5)):
+            batch = models.batch(step, rank)
+            loss = engine(**batch)["loss"]
+            engine.backward(loss)
+            engine.step()
+            checks.trained = True
+            mean = loss.detach().float().clone()
+            torch.distributed.all_reduce(mean)
+            losses.append(mean.item() / torch.distributed.get_world_size())
+    finally:
+        counters.remove()
+    return {
+        "losses": losses,
+        "forward_checks": checks.checks,
+        "dtype_errors": checks.dtype_errors[:10],
+        "value_errors": checks.value_errors[:10],
+        "max_rel_error": checks.max_rel_error,
+        "counts": counters.counts,
+    }
+
+
+def main(spec_path):
+    with open(spec_path) as f:
+        spec = json.load(f)
+    rank = int(os.environ["RANK"])
+    if spec.get("patch"):
+        import deepspeed_zeropp
+        report = deepspeed_zeropp.patch(backend=spec.get("backend", "auto"))
+    else:
+        report = None
+        from .upstream_op import install
+        install()
+    import deepspeed
+    deepspeed.init_distributed(dist_backend="gloo" if spec.get("device", "cpu") == "cpu" else spec["backend_dist"])
+    results = {"deepspeed": deepspeed.__version__, "torch": torch.__version__, "report": str(report), "runs": {}}
+    for run in spec["runs"]:
+        try:
+            results["runs"][run["name"]] = train(run, spec, rank)
+        except Exception as error:  # recorded, not hidden: the caller asserts on it
+            results["runs"][run["name"]] = {"error": f"{type(error).__name__}: {error}",
+                                            "traceback": traceback.format_exc()[-3000:]}
+            break  # ranks may now disagree on collectives; stop here
+    if rank == 0:
+        with open(spec["out"], "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

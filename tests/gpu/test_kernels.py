@@ -1,0 +1,250 @@
+"""Native CUDA quantizer against the pure-torch reference (bit for bit) and, for fp16, against DeepSpeed's own op."""
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from deepspeed_zeropp import ops  # noqa: E402
+from deepspeed_zeropp.backends import cuda as cuda_backend  # noqa: E402
+from deepspeed_zeropp.backends import torch_ref  # noqa: E402
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DTYPE_IDS = ("fp16", "bf16", "fp32")
+# (numel, groups): single elements, sizes below one 16-byte packet, group sizes that are no multiple of the packet
+# (edge elements), primes above DeepSpeed's 16384 limit, the usual ~4-8k groups, and groups too big to keep in
+# registers (second pass over the input), up to a prime of ~1M as one group.
+SHAPES = [(1, 1), (7, 1), (7, 7), (257, 1), (257, 257), (3000, 1000), (5 * 1001, 5), (16411, 1), (64 * 4096, 64),
+          (8 * 8000, 8), (3 * 12288, 3), (2 * 70001, 2), (100003, 1), (1000003, 1)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extension_builds():
+    """CUDA is here, so a build failure is a defect of this package, not a reason to skip."""
+    assert cuda_backend.load_error() is None
+
+
+def assert_bitwise(actual, expected):
+    """Equal bit patterns, with any NaN matching any NaN (the wire format only promises 'NaN')."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    actual, expected = actual.cpu(), expected.cpu()
+    nan = torch.isnan(actual) if actual.is_floating_point() else torch.zeros_like(actual, dtype=torch.bool)
+    assert torch.equal(nan, torch.isnan(expected) if expected.is_floating_point() else nan)
+    int_type = {1: torch.int8, 2: torch.int16, 4: torch.int32}[actual.element_size()]
+    mismatch = (actual.view(int_type) != expected.view(int_type)) & ~nan
+    assert not mismatch.any(), f"{int(mismatch.sum())} of {actual.numel()} differ, first at {mismatch.nonzero()[0]}"
+
+
+def reference_quantize(x, groups):
+    """The reference on the CPU: an independent implementation of the arithmetic, on another processor."""
+    codes, scales = torch_ref.quantize(x.cpu().contiguous().view(-1), groups)
+    return codes, scales
+
+
+def random_groups(numel, groups, dtype, seed):
+    """Normal values whose groups span six decades of magnitude (kept inside fp16's range)."""
+    gen = torch.Generator().manual_seed(seed)
+    magnitude = 10.0**(torch.rand(groups, 1, generator=gen, dtype=torch.float64) * 6 - 3)
+    values = torch.randn(groups, numel // groups, generator=gen, dtype=torch.float64) * magnitude
+    return values.view(-1).to(dtype).cuda()
+
+
+def edge_groups(dtype, group_size):
+    """One group per edge case, each of ``group_size`` elements, built in float64 and rounded to ``dtype`` once."""
+    gen = torch.Generator().manual_seed(7)
+    info = torch.finfo(dtype)
+    noise = lambda: torch.randn(group_size, generator=gen, dtype=torch.float64)  # noqa: E731
+    ramp = torch.arange(group_size, dtype=torch.float64)
+    cases = [
+        torch.zeros(group_size, dtype=torch.float64),
+        noise() * 1e-30,
+        noise() * 1e-8,
+        noise() * 1e-6,
+        torch.where(ramp % 3 == 0, info.max, -info.max * torch.rand(group_size, generator=gen, dtype=torch.float64)),
+        noise() * info.tiny,  # subnormals (the multiplier is capped at FLT_MAX for fp32/bf16)
+        torch.where(ramp == group_size // 2, math.inf, noise()),
+        torch.where(ramp == 0, math.nan, noise()),
+        torch.where(ramp == group_size - 1, -math.inf, noise()),
+        torch.where(ramp % 2 == 0, 1.0, -1.0) * (noise().abs() + 0.5),  # mixed signs
+        torch.where(ramp == 0, 128.0, (ramp % 11) - 5.5),  # multiplier 1: exact .5 ties round half to even
+        torch.where(ramp == group_size // 3, -3.25, 0.0),  # a single non-zero, negative
+        torch.full((group_size, ), -3.7, dtype=torch.float64),
+    ]
+    return torch.cat(cases).to(dtype).cuda(), len(cases)
+
+
+@pytest.mark.parametrize("numel,groups", SHAPES, ids=[f"{n}x{g}" for n, g in SHAPES])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_quantize_random_matches_reference(dtype, numel, groups):
+    x = random_groups(numel, groups, dtype, seed=numel)
+    codes, scales = cuda_backend.quantize(x, groups)
+    ref_codes, ref_scales = reference_quantize(x, groups)
+    assert codes.device == x.device and scales.shape == (groups, )
+    assert_bitwise(codes, ref_codes)
+    assert_bitwise(scales, ref_scales)
+
+
+@pytest.mark.parametrize("group_size", [64, 61, 4096, 20001])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_quantize_edge_values_match_reference(dtype, group_size):
+    x, groups = edge_groups(dtype, group_size)
+    codes, scales = cuda_backend.quantize(x, groups)
+    ref_codes, ref_scales = reference_quantize(x, groups)
+    assert_bitwise(codes, ref_codes)
+    assert_bitwise(scales, ref_scales)
+    # A non-finite value poisons its own group only: codes 0, scale NaN; every other scale is finite.
+    assert torch.isnan(scales.cpu()).tolist() == [False] * 6 + [True] * 3 + [False] * (groups - 9)
+    assert not codes.view(groups, -1)[6:9].any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_unaligned_and_non_contiguous_input_through_ops(dtype):
+    base = random_groups(8 * 4099 + 1, 1, dtype, seed=3)
+    misaligned = base[1:]  # 2 or 4 bytes past a 16-byte boundary: the element-wise kernel
+    matrix = random_groups(96 * 80, 1, dtype, seed=4).view(96, 80)
+    for x in (misaligned, matrix.t(), matrix[:, ::2]):
+        groups = 8
+        codes, scales = ops.quantize(x, groups, backend="cuda")
+        ref_codes, ref_scales = ops.quantize(x.cpu(), groups, backend="torch")
+        assert codes.shape == x.shape
+        assert_bitwise(codes, ref_codes)
+        assert_bitwise(scales, ref_scales)
+
+
+def test_empty_input():
+    codes, scales = ops.quantize(torch.empty(0, device="cuda"), backend="cuda")
+    assert codes.numel() == 0 and scales.tolist() == [1.0]
+    out = ops.dequantize(codes, scales, dtype=torch.bfloat16, group_size=1, backend="cuda")
+    assert out.numel() == 0 and out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_dequantize_matches_reference(dtype, out_dtype):
+    for x, groups in (edge_groups(dtype, 61), (random_groups(16 * 4096, 16, dtype, seed=5), 16)):
+        codes, scales = cuda_backend.quantize(x, groups)
+        out = cuda_backend.dequantize(codes, scales, x.numel() // groups, out_dtype)
+        expected = torch_ref.dequantize(codes.cpu(), scales.cpu(), x.numel() // groups, out_dtype)
+        assert out.dtype == out_dtype
+        assert_bitwise(out, expected)
+
+
+@pytest.mark.parametrize("numel,group_size", [(3500, 1000), (3001, 1000), (15, 4), (1, 1000)])
+@pytest.mark.parametrize("out_dtype", DTYPES, ids=DTYPE_IDS)
+def test_dequantize_prefix_of_padded_buffer(out_dtype, numel, group_size):
+    groups = math.ceil(numel / group_size)
+    padded = random_groups(groups * group_size, groups, torch.float32, seed=numel)
+    codes, scales = cuda_backend.quantize(padded, groups)
+    out = ops.dequantize(codes[:numel], scales, dtype=out_dtype, group_size=group_size, backend="cuda")
+    assert_bitwise(out, torch_ref.dequantize(codes.cpu(), scales.cpu(), group_size, out_dtype)[:numel])
+    # One byte past the buffer's start (the element-wise kernel); groups then count from that first code.
+    shifted = codes[1:numel]
+    out = ops.dequantize(shifted, scales, dtype=out_dtype, group_size=group_size, backend="cuda")
+    assert_bitwise(out, torch_ref.dequantize(shifted.cpu(), scales.cpu(), group_size, out_dtype))
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32), ids=("bf16", "fp32"))
+def test_round_trip_finite_up_to_dtype_max(dtype):
+    info = torch.finfo(dtype)
+    x = random_groups(32 * 4096, 32, torch.float64, seed=11)
+    x = (x / x.abs().max() * info.max).to(dtype)  # every group within a few decades of the dtype's max
+    assert torch.isfinite(x).all()
+    codes, scales = cuda_backend.quantize(x, 32)
+    out = cuda_backend.dequantize(codes, scales, 4096, dtype)
+    assert torch.isfinite(scales).all() and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32), ids=("bf16", "fp32"))
+def test_tiny_groups_keep_one_percent_accuracy(dtype):
+    gen = torch.Generator().manual_seed(13)
+    x = (torch.randn(64 * 4096, generator=gen, dtype=torch.float64) * 1e-8).to(dtype).cuda()
+    codes, scales = cuda_backend.quantize(x, 64)
+    out = cuda_backend.dequantize(codes, scales, 4096, torch.float32)
+    relative_error = (out - x.float()).norm() / x.float().norm()
+    assert relative_error <= 0.01
+
+
+def test_runs_on_the_current_stream():
+    x = random_groups(64 * 4096, 64, torch.bfloat16, seed=17)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        codes, scales = cuda_backend.quantize(x, 64)
+        out = cuda_backend.dequantize(codes, scales, 4096, torch.bfloat16)
+    stream.synchronize()
+    ref_codes, ref_scales = reference_quantize(x, 64)
+    assert_bitwise(codes, ref_codes)
+    assert_bitwise(out, torch_ref.dequantize(ref_codes, ref_scales, 4096, torch.bfloat16))
+
+
+def test_repeated_calls_are_identical():
+    x = random_groups(8 * 8000, 8, torch.float16, seed=19)
+    first, second = cuda_backend.quantize(x, 8), cuda_backend.quantize(x, 8)
+    assert_bitwise(first[0], second[0])
+    assert_bitwise(first[1], second[1])
+
+
+# ---- fp16 against DeepSpeed's own op -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def deepspeed_quantizer():
+    """DeepSpeed's compiled quantizer, or skip where DeepSpeed or its build is unavailable."""
+    pytest.importorskip("deepspeed")
+    major, minor = torch.cuda.get_device_capability()
+    # DeepSpeed cannot parse torch >= 2.11's default arch list ("9.0a"): name the arch explicitly.
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")
+    try:
+        from deepspeed.ops.op_builder import QuantizerBuilder
+        return QuantizerBuilder().load()
+    except Exception as exc:  # a DeepSpeed build problem is not this package's defect
+        pytest.skip(f"DeepSpeed's QuantizerBuilder does not load: {exc}")
+
+
+def ulp_distance(a, b):
+    """|a - b| in units in the last place, for finite fp32 tensors of one sign."""
+    return (a.view(torch.int32).long() - b.view(torch.int32).long()).abs()
+
+
+def fp16_cases():
+    """fp16 data DeepSpeed's kernel accepts: finite values, group sizes a multiple of 8 and at most 16384."""
+    cases = []
+    for group_size in (8, 64, 1000, 4096, 8000, 12288, 16384):
+        groups = max(1, 2**18 // group_size)
+        cases.append((f"random-{group_size}", random_groups(groups * group_size, groups, torch.float16,
+                                                            group_size), groups))
+    edges, count = edge_groups(torch.float16, 64)
+    finite = edges.view(count, -1).isfinite().all(dim=1)
+    cases.append(("edges-64", edges.view(count, -1)[finite].reshape(-1).contiguous(), int(finite.sum())))
+    return cases
+
+
+def test_fp16_matches_deepspeed_op(deepspeed_quantizer):
+    """Bit for bit, except where DeepSpeed's --use_fast_math division rounds differently (counted, bounded)."""
+    totals = {"groups": 0, "scale_diff": 0, "codes": 0, "code_diff": 0, "dequant": 0, "dequant_diff": 0}
+    for name, x, groups in fp16_cases():
+        ds_codes, ds_scales = deepspeed_quantizer.quantize(x, groups, 8, deepspeed_quantizer.Symmetric)
+        codes, scales = cuda_backend.quantize(x, groups)
+        ds_scales = ds_scales.view(-1)
+        assert ds_codes.dtype == torch.int8 and ds_scales.dtype == torch.float32
+        scale_diff = ulp_distance(scales, ds_scales)
+        code_diff = (codes.int() - ds_codes.view(-1).int()).abs()
+        assert scale_diff.max() <= 1, f"{name}: scale differs by {int(scale_diff.max())} ulp"
+        assert code_diff.max() <= 1, f"{name}: a code differs by {int(code_diff.max())}"
+        # DeepSpeed's dequantize (fp16 out) on our codes and scales: a plain product, expected identical.
+        ds_out = deepspeed_quantizer.dequantize(codes, scales.view(-1, 1), groups, 8, deepspeed_quantizer.Symmetric)
+        out = cuda_backend.dequantize(codes, scales, x.numel() // groups, torch.float16)
+        dequant_diff = (out.view(torch.int16) != ds_out.view(-1).view(torch.int16))
+        totals["groups"] += groups
+        totals["scale_diff"] += int((scale_diff != 0).sum())
+        totals["codes"] += x.numel()
+        totals["code_diff"] += int((code_diff != 0).sum())
+        totals["dequant"] += x.numel()
+        totals["dequant_diff"] += int(dequant_diff.sum())
+    print(f"fp16 vs DeepSpeed op: scales differing by 1 ulp: {totals['scale_diff']} of {totals['groups']}; "
+          f"codes differing by 1: {totals['code_diff']} of {totals['codes']}; "
+          f"dequantized values differing: {totals['dequant_diff']} of {totals['dequant']}")
+    assert totals["dequant_diff"] == 0
