@@ -63,11 +63,12 @@ def timed_load(cache_dir):
 
 def load_deepspeed_op():
     """DeepSpeed's compiled quantizer and version, or (None, reason)."""
+    major, minor = torch.cuda.get_device_capability()
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")  # DeepSpeed's import chokes on torch's "9.0a"
+    os.environ.setdefault("DS_ACCELERATOR", "cuda")
     try:
         import deepspeed
         from deepspeed.ops.op_builder import QuantizerBuilder
-        major, minor = torch.cuda.get_device_capability()
-        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")  # DeepSpeed chokes on torch's "9.0a"
         return QuantizerBuilder().load(), deepspeed.__version__
     except Exception as exc:
         return None, f"unavailable ({type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''})"

@@ -36,6 +36,7 @@ std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& input, int64_t gro
     const dszpp::Format format = format_of(input.scalar_type(), "input");
     TORCH_CHECK(groups >= 1 && input.numel() % groups == 0, "groups must be >= 1 and divide numel");
     TORCH_CHECK(groups <= INT32_MAX, "at most 2^31 - 1 groups are supported");
+    TORCH_CHECK(input.numel() / groups < INT32_MAX - 64, "groups of 2^31 or more elements are not supported");
     const c10::cuda::CUDAGuard device_guard(input.device());
     at::Tensor codes = at::empty({input.numel()}, input.options().dtype(at::kChar));
     at::Tensor scales = at::empty({groups}, input.options().dtype(at::kFloat));

@@ -1,12 +1,11 @@
 // Symmetric int8 quantization, one thread block per contiguous group.
 //
-// A block reads its group once into registers (up to kCachedLoads 16-byte loads per thread, i.e. 64 KiB per
-// group at 1024 threads, four times DeepSpeed's largest group), reduces the exact absmax, then writes the codes
-// from registers: input bytes cross the memory bus once. Larger groups (a prime-sized tensor is one group) take
-// a second pass over the input, which then mostly hits L2. Whatever the group size, the aligned interior of a
-// group moves in 16-byte loads; the few elements before the first and after the last 16-byte boundary of the
-// group are handled one at a time. An input pointer that is not 16-byte aligned runs the same kernel with
-// single-element packets.
+// A block reads its group once into registers (kLoads 16-byte loads per thread: up to 64 KiB per group at 1024
+// threads, four times DeepSpeed's largest group), reduces the exact absmax, then writes the codes from registers:
+// input bytes cross the memory bus once. Larger groups (a prime-sized tensor is one group) take a second pass over
+// the input, which then mostly hits L2. Whatever the group size, the aligned interior of a group moves in 16-byte
+// loads; the few elements before the first and after the last 16-byte boundary of the group are handled one at a
+// time. An input pointer that is not 16-byte aligned runs the same kernel with single-element packets.
 #include <cfloat>
 #include <cmath>
 
@@ -16,7 +15,7 @@
 namespace dszpp {
 namespace {
 
-constexpr int kCachedLoads = 4;
+constexpr int kLoads = 4;  // 16-byte loads in flight per thread; fewer measured slower on an H200
 constexpr int kMaxThreads = 1024;
 constexpr int kMinThreads = 32;
 
@@ -62,18 +61,20 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fm
     const int64_t end = start + group_size;
     const int64_t body_start = min((start + VEC - 1) / VEC * VEC, end);
     const int64_t body_end = max(end / VEC * VEC, body_start);
-    const int64_t packets = (body_end - body_start) / VEC;
-    const int edge = static_cast<int>((body_start - start) + (end - body_end));  // < 2 * VEC <= blockDim.x
+    // In-group offsets fit 32 bits (checked on the host); 64-bit index arithmetic would cost registers.
+    const int packets = static_cast<int>((body_end - body_start) / VEC);
+    const int head = static_cast<int>(body_start - start);
+    const int edge = head + static_cast<int>(end - body_end);  // < 2 * VEC <= blockDim.x
     const InPacket* body = reinterpret_cast<const InPacket*>(input + body_start);
     CodePacket* body_codes = reinterpret_cast<CodePacket*>(codes + body_start);
 
-    const int64_t stride = static_cast<int64_t>(blockDim.x) * kCachedLoads;
+    const int stride = blockDim.x * kLoads;
     const bool cached = packets <= stride;
-    InPacket cache[kCachedLoads];
-    auto load = [&](int64_t base) {
+    InPacket cache[kLoads];
+    auto load = [&](int base) {
 #pragma unroll
-        for (int k = 0; k < kCachedLoads; ++k) {
-            const int64_t idx = base + threadIdx.x + k * blockDim.x;
+        for (int k = 0; k < kLoads; ++k) {
+            const int idx = base + threadIdx.x + k * blockDim.x;
 #pragma unroll
             for (int r = 0; r < sizeof(cache[k].raw) / sizeof(cache[k].raw[0]); ++r)
                 cache[k].raw[r] = idx < packets ? body[idx].raw[r] : typename InPacket::RawType{};
@@ -81,30 +82,32 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fm
     };
 
     uint32_t magnitude = 0;
-    for (int64_t base = 0; base < packets; base += stride) {
+    for (int base = 0; base < packets; base += stride) {
         load(base);
 #pragma unroll
-        for (int k = 0; k < kCachedLoads; ++k)
+        for (int k = 0; k < kLoads; ++k)
 #pragma unroll
             for (int j = 0; j < VEC; ++j) magnitude = max(magnitude, Fmt::magnitude(cache[k].e[j]));
     }
-    const int64_t edge_index = threadIdx.x < (body_start - start) ? start + threadIdx.x
-                                                                   : body_end + threadIdx.x - (body_start - start);
-    const bool has_edge = threadIdx.x < edge;
+    const int lane = threadIdx.x;
+    const bool has_edge = lane < edge;
+    const int64_t edge_index = lane < head ? start + lane : body_end + (lane - head);
     const Bits edge_bits = has_edge ? input[edge_index] : Bits(0);
     magnitude = max(magnitude, Fmt::magnitude(edge_bits));
 
     const float absmax = Fmt::to_float(block_max(magnitude));
     const bool finite = absmax <= FLT_MAX;  // false for inf and NaN
-    // IEEE division: 128 / absmax of a subnormal absmax stays exact; capped so that tiny groups stay finite.
-    const float multiplier = absmax == 0.f ? 1.f : fminf(__fdiv_rn(128.f, absmax), FLT_MAX);
-    if (threadIdx.x == 0) scales[blockIdx.x] = finite ? __frcp_rn(multiplier) : NAN;
+    // Correctly rounded 128 / absmax and 1 / multiplier, as wire.py computes them. Done in double and rounded once to
+    // float: exact for these quotients (53 >= 2 * 24 + 2 bits), including subnormal results and the overflow that the
+    // FLT_MAX cap turns into a finite multiplier for tiny groups. One division per group, off the memory path.
+    const float multiplier = absmax == 0.f ? 1.f : fminf(static_cast<float>(128.0 / absmax), FLT_MAX);
+    if (threadIdx.x == 0) scales[blockIdx.x] = finite ? static_cast<float>(1.0 / multiplier) : NAN;
 
-    for (int64_t base = 0; base < packets; base += stride) {
+    for (int base = 0; base < packets; base += stride) {
         if (!cached) load(base);
 #pragma unroll
-        for (int k = 0; k < kCachedLoads; ++k) {
-            const int64_t idx = base + threadIdx.x + k * blockDim.x;
+        for (int k = 0; k < kLoads; ++k) {
+            const int idx = base + threadIdx.x + k * blockDim.x;
             if (idx < packets) {
                 CodePacket out;
 #pragma unroll
@@ -116,26 +119,35 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fm
     if (has_edge) codes[edge_index] = quantize_one<Fmt>(edge_bits, multiplier, finite);
 }
 
-int next_pow2(int64_t n)
+int threads_for(int64_t packets)
 {
-    int p = 1;
-    while (p < n && p < kMaxThreads) p <<= 1;
-    return p;
+    int threads = kMinThreads;
+    while (threads * static_cast<int64_t>(kLoads) < packets && threads < kMaxThreads) threads <<= 1;
+    return threads;
+}
+
+template <typename Fmt, int VEC>
+void launch_with(const typename Fmt::Bits* input,
+                 int8_t* codes,
+                 float* scales,
+                 int64_t groups,
+                 int64_t group_size,
+                 cudaStream_t stream)
+{
+    const int threads = threads_for((group_size + VEC - 1) / VEC);
+    quantize_kernel<Fmt, VEC><<<groups, threads, 0, stream>>>(input, codes, scales, group_size);
 }
 
 template <typename Fmt>
 void launch(const void* input, int8_t* codes, float* scales, int64_t groups, int64_t group_size, cudaStream_t stream)
 {
     using Bits = typename Fmt::Bits;
-    constexpr int kVec = 16 / sizeof(Bits);
     const bool aligned = reinterpret_cast<uintptr_t>(input) % 16 == 0 && reinterpret_cast<uintptr_t>(codes) % 16 == 0;
-    const int64_t packets = aligned ? (group_size + kVec - 1) / kVec : group_size;
-    const int threads = max(kMinThreads, next_pow2((packets + kCachedLoads - 1) / kCachedLoads));
     const Bits* bits = static_cast<const Bits*>(input);
     if (aligned)
-        quantize_kernel<Fmt, kVec><<<groups, threads, 0, stream>>>(bits, codes, scales, group_size);
+        launch_with<Fmt, 16 / sizeof(Bits)>(bits, codes, scales, groups, group_size, stream);
     else
-        quantize_kernel<Fmt, 1><<<groups, threads, 0, stream>>>(bits, codes, scales, group_size);
+        launch_with<Fmt, 1>(bits, codes, scales, groups, group_size, stream);
 }
 
 }  // namespace

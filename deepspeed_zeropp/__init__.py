@@ -8,12 +8,12 @@ __all__ = ["patch", "unpatch", "__version__"]
 
 
 def patch(backend="auto", strict=True):
-    """Patch the installed DeepSpeed; see :func:`deepspeed_zeropp.patch.apply.patch`."""
-    from .patch.apply import patch as _patch
+    """Patch the installed DeepSpeed; see :func:`deepspeed_zeropp.patching.apply.patch`."""
+    from .patching.apply import patch as _patch
     return _patch(backend=backend, strict=strict)
 
 
 def unpatch():
     """Restore DeepSpeed exactly as it was before :func:`patch`."""
-    from .patch.apply import unpatch as _unpatch
+    from .patching.apply import unpatch as _unpatch
     _unpatch()

@@ -6,7 +6,7 @@ class covers every instance, existing or future. The signatures match upstream 0
 ``quantize(param, groups=None)`` and ``dequantize(quantized_param, scale, dtype=None)``.
 """
 from . import ops
-from .patch.scope import current_target
+from .patching.scope import current_target
 
 
 class QuantizerMethods:

@@ -14,8 +14,10 @@ FLT_MAX = torch.finfo(torch.float32).max
 
 def multiplier_from_absmax(absmax):
     """Return (multiplier, stored_scale, finite_mask) for fp32 per-group absolute maxima."""
+    # Tensor / tensor on purpose: ``128.0 / t`` is computed as reciprocal(t) * 128, which is not the correctly
+    # rounded quotient the CUDA kernels produce.
     finite = torch.isfinite(absmax)
-    multiplier = torch.where(absmax == 0, torch.ones_like(absmax), 128.0 / absmax)
+    multiplier = torch.where(absmax == 0, torch.ones_like(absmax), torch.full_like(absmax, 128.0) / absmax)
     multiplier = multiplier.clamp(max=FLT_MAX)
-    stored = torch.where(finite, 1.0 / multiplier, torch.full_like(absmax, float("nan")))
+    stored = torch.where(finite, torch.ones_like(multiplier) / multiplier, torch.full_like(absmax, float("nan")))
     return multiplier, stored, finite

@@ -4,15 +4,16 @@ The op only reads and writes fp16, so values are converted to fp16 on the way in
 converted to the requested dtype on the way out (DeepSpeed PR #8215's behaviour). This detour loses range and
 precision for bf16/fp32; the native backends do not take it.
 """
-import functools
-
 import torch
 
 
-@functools.lru_cache(maxsize=1)
 def _op():
-    from deepspeed.ops.op_builder import QuantizerBuilder
-    return QuantizerBuilder().load()
+    """The op DeepSpeed itself uses: ``CUDAQuantizer.quantizer_cuda_module``, built on first use as upstream does."""
+    from deepspeed.runtime.zero.partition_parameters import CUDAQuantizer
+    if CUDAQuantizer.quantizer_cuda_module is None:
+        from deepspeed.ops.op_builder import QuantizerBuilder
+        CUDAQuantizer.quantizer_cuda_module = QuantizerBuilder().load()
+    return CUDAQuantizer.quantizer_cuda_module
 
 
 def quantize(flat, groups):

@@ -193,10 +193,11 @@ def test_repeated_calls_are_identical():
 @pytest.fixture(scope="module")
 def deepspeed_quantizer():
     """DeepSpeed's compiled quantizer, or skip where DeepSpeed or its build is unavailable."""
-    pytest.importorskip("deepspeed")
     major, minor = torch.cuda.get_device_capability()
-    # DeepSpeed cannot parse torch >= 2.11's default arch list ("9.0a"): name the arch explicitly.
+    # DeepSpeed cannot parse torch >= 2.11's default arch list ("9.0a"), already at import: name the arch first.
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")
+    os.environ.setdefault("DS_ACCELERATOR", "cuda")
+    pytest.importorskip("deepspeed")
     try:
         from deepspeed.ops.op_builder import QuantizerBuilder
         return QuantizerBuilder().load()

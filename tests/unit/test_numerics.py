@@ -1,0 +1,145 @@
+"""The pure-torch backend against the naive reference: exact codes, scales and dequantized values."""
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from deepspeed_zeropp import ops
+from deepspeed_zeropp.grouping import group_count
+from tests import naive
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+IDS = ["fp16", "bf16", "fp32"]
+
+
+def assert_bitwise_equal(actual, expected):
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    assert torch.equal(actual.view(-1).view(torch.uint8) if actual.dtype != torch.int8 else actual,
+                       expected.view(-1).view(torch.uint8) if expected.dtype != torch.int8 else expected)
+
+
+def check_against_naive(x, groups=None):
+    groups = groups or group_count(x.numel())
+    codes, scales = ops.quantize(x, groups, backend="torch")
+    ref_codes, ref_scales = naive.quantize(x, groups)
+    assert_bitwise_equal(codes, ref_codes)
+    assert torch.equal(scales.isnan(), ref_scales.isnan())
+    assert torch.equal(scales.nan_to_num(), ref_scales.nan_to_num())
+    for out_dtype in DTYPES:
+        out = ops.dequantize(codes, scales, dtype=out_dtype, backend="torch")
+        ref = naive.dequantize(ref_codes, ref_scales, out_dtype)
+        assert out.dtype == out_dtype
+        assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.nan_to_num(), ref.nan_to_num())
+    return codes, scales
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+@pytest.mark.parametrize("numel", [1, 7, 8, 257, 514, 8000, 16001, 24000, 65537])
+def test_random_matches_naive(dtype, numel):
+    torch.manual_seed(numel)
+    check_against_naive(torch.randn(numel).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_idempotent(dtype):
+    x = torch.randn(4096).to(dtype)
+    first = ops.quantize(x, backend="torch")
+    second = ops.quantize(x, backend="torch")
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    assert torch.equal(ops.dequantize(*first, dtype=dtype), ops.dequantize(*second, dtype=dtype))
+
+
+def test_dequantize_defaults_to_fp16_and_honours_dtype():
+    codes, scales = ops.quantize(torch.randn(64, dtype=torch.bfloat16))
+    assert ops.dequantize(codes, scales).dtype == torch.float16
+    assert ops.dequantize(codes, scales, dtype=torch.bfloat16).dtype == torch.bfloat16
+    assert ops.dequantize(codes, scales.view(-1, 1), dtype=torch.float32).dtype == torch.float32
+
+
+def test_scales_are_one_dimensional_fp32():
+    codes, scales = ops.quantize(torch.randn(3, 5000, dtype=torch.bfloat16))
+    assert codes.dtype == torch.int8 and codes.shape == (3, 5000)
+    assert scales.dtype == torch.float32 and scales.dim() == 1 and scales.numel() == group_count(15000)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("magnitude", [1e-8, 1e-6, 1e5, 3e38])
+def test_no_fp16_range_loss(dtype, magnitude):
+    """Values fp16 cannot hold (above 65504, below ~6e-8) survive with the int8 step as the only error."""
+    magnitude = min(magnitude, torch.finfo(dtype).max / 2)
+    x = (torch.rand(4096) * 2 - 1).to(dtype) * magnitude
+    codes, scales = ops.quantize(x)
+    out = ops.dequantize(codes, scales, dtype=dtype)
+    assert torch.isfinite(out).all()
+    error = (out.float() - x.float()).abs().max() / x.float().abs().max()
+    assert error <= 1 / 128 + 2**-8  # a full step at +absmax (code 128 clamps to 127), plus bf16 rounding
+
+
+def test_non_finite_values_only_poison_their_group():
+    x = torch.randn(4 * 2000, dtype=torch.bfloat16)
+    x[2000 + 5] = float("inf")
+    x[3 * 2000 + 9] = float("nan")
+    codes, scales = ops.quantize(x, 4)
+    out = ops.dequantize(codes, scales, dtype=torch.bfloat16)
+    assert torch.isnan(scales).tolist() == [False, True, False, True]
+    assert out[2000:4000].isnan().all() and out[6000:].isnan().all()
+    clean = ops.quantize(x[:2000], 1)
+    assert torch.equal(codes[:2000], clean[0]) and scales[0] == clean[1][0]
+    assert torch.isfinite(out[:2000]).all() and torch.isfinite(out[4000:6000]).all()
+
+
+def test_zero_group_has_unit_scale():
+    codes, scales = ops.quantize(torch.zeros(16, dtype=torch.float32), 2)
+    assert scales.tolist() == [1.0, 1.0] and codes.eq(0).all()
+
+
+def test_empty_tensor():
+    codes, scales = ops.quantize(torch.empty(0, dtype=torch.bfloat16))
+    assert codes.numel() == 0 and scales.tolist() == [1.0]
+    assert ops.dequantize(codes, scales, dtype=torch.bfloat16).numel() == 0
+
+
+def test_non_contiguous_input():
+    base = torch.randn(64, 96, dtype=torch.bfloat16)
+    view = base.t()[::2]
+    codes, scales = ops.quantize(view)
+    ref_codes, ref_scales = ops.quantize(view.contiguous())
+    assert codes.shape == view.shape and torch.equal(codes, ref_codes) and torch.equal(scales, ref_scales)
+
+
+def test_prefix_of_padded_buffer():
+    """Codes that are the first n elements of a padded gathered buffer dequantize with the buffer's group size."""
+    x = torch.randn(2 * 300, dtype=torch.float32)
+    codes, scales = ops.quantize(x, 4)
+    prefix = ops.dequantize(codes[:533], scales, dtype=torch.float32, group_size=150)
+    assert torch.equal(prefix, ops.dequantize(codes, scales, dtype=torch.float32)[:533])
+
+
+magnitudes = st.sampled_from([1e-30, 1e-20, 1e-8, 1e-4, 1.0, 1e4, 6e4, 1e30, 3e38])
+
+
+@settings(max_examples=3000, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), groups=st.integers(1, 8), group_size=st.integers(1, 40), magnitude=magnitudes,
+       signs=st.sampled_from(["mixed", "positive", "negative", "zeros"]), seed=st.integers(0, 2**31 - 1))
+def test_property_formula_and_bound(dtype, groups, group_size, magnitude, signs, seed):
+    generator = torch.Generator().manual_seed(seed)
+    magnitude = min(magnitude, torch.finfo(dtype).max)
+    base = torch.rand(groups * group_size, generator=generator, dtype=torch.float64)
+    if signs == "mixed":
+        base = base * 2 - 1
+    elif signs == "negative":
+        base = -base
+    elif signs == "zeros":
+        base = torch.zeros_like(base)
+    x = (base * magnitude).to(dtype)
+    codes, scales = check_against_naive(x, groups)
+    out = ops.dequantize(codes, scales, dtype=dtype).double().view(groups, -1)
+    x64 = x.double().view(groups, -1)
+    absmax = x64.abs().amax(dim=1, keepdim=True)
+    tiny = torch.finfo(dtype).tiny
+    # an int8 step of the group's absmax (half a step, except +absmax itself whose code 128 clamps to 127),
+    # the output dtype's rounding, and denormal flushing near zero
+    bound = absmax / 128 * (1 + 1e-6) + x64.abs() * torch.finfo(dtype).eps + 2 * tiny
+    assert torch.isfinite(out).all()
+    assert ((out - x64).abs() <= bound).all(), (out - x64).abs().max().item()
