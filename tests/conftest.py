@@ -1,4 +1,7 @@
 import os
 
-# DeepSpeed picks its accelerator at import time; every CPU test runs on its CPU accelerator.
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+import torch
+
+# DeepSpeed picks its accelerator at import time: the CPU one unless this machine has a GPU.
+if not torch.cuda.is_available():
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")

@@ -25,12 +25,17 @@ def _extensions_dir():
     return os.path.join(os.path.expanduser("~"), ".cache", "deepspeed_zeropp", f"torch_extensions_ds{version('deepspeed')}")
 
 
+DEVICES = ("cpu", "cuda-shared", "cuda")
+
+
 def run_job(spec, world_size=2, timeout=600, env=None, device="cpu"):
     """Run ``spec`` (see worker.py) on ``world_size`` local ranks; return rank 0's results dict.
 
-    On CPU every rank uses DeepSpeed's CPU accelerator over gloo; on "cuda" every rank shares GPU 0 (gloo too),
-    which is how a one-GPU machine runs several ranks. Raises JobFailed with the ranks' output tails if a rank
-    crashes, hangs past ``timeout`` seconds, or rank 0 writes no result."""
+    ``device``: "cpu" (DeepSpeed's CPU accelerator, gloo), "cuda-shared" (every rank on GPU 0, gloo: several
+    ranks on a one-GPU machine; NCCL refuses that) or "cuda" (one GPU per rank, NCCL). Raises JobFailed with the
+    ranks' output tails if a rank crashes, hangs past ``timeout`` seconds, or rank 0 writes no result."""
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
     workdir = tempfile.mkdtemp(prefix="deepspeed_zeropp_job_")
     spec = dict(spec, out=os.path.join(workdir, "result.json"), device=device)
     spec_path = os.path.join(workdir, "spec.json")
@@ -45,7 +50,7 @@ def run_job(spec, world_size=2, timeout=600, env=None, device="cpu"):
     procs, logs = [], []
     for rank in range(world_size):
         log = open(os.path.join(workdir, f"rank{rank}.log"), "w+")
-        rank_env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank if device == "cpu" else 0))
+        rank_env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(0 if device == "cuda-shared" else rank))
         procs.append(subprocess.Popen([sys.executable, "-m", "deepspeed_zeropp.training.worker", spec_path],
                                       env=rank_env, stdout=log, stderr=subprocess.STDOUT))
         logs.append(log)

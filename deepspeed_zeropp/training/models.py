@@ -42,17 +42,28 @@ class MixedMLP(torch.nn.Module):
         return {"loss": torch.nn.functional.cross_entropy(self.head(hidden), labels)}
 
 
+def gpt2(dtype):
+    """GPT-2 small's shape (12 layers, width 768, vocab 50257) from a config, for GPU runs."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    return GPT2LMHeadModel(GPT2Config(n_positions=GPT2_SEQ)).to(dtype)
+
+
+GPT2_SEQ = 256
+BUILDERS = {"bert": bert, "mixed": lambda dtype: MixedMLP(), "gpt2": gpt2}
+
+
 def build(name, dtype):
-    if name == "bert":
-        return bert(dtype)
-    if name == "mixed":
-        return MixedMLP()
-    raise ValueError(f"unknown model {name!r}; choose bert or mixed")
+    if name not in BUILDERS:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(BUILDERS)}")
+    return BUILDERS[name](dtype)
 
 
-def batch(step, rank, batch_size=4):
-    """The same batch for the same (step, rank) in every run, quantized or not."""
+def batch(model, step, rank, batch_size=4):
+    """The same batch for the same (model, step, rank) in every run, quantized or not."""
     generator = torch.Generator().manual_seed(1000 * step + rank)
+    if model == "gpt2":
+        input_ids = torch.randint(0, 50257, (batch_size, GPT2_SEQ), generator=generator)
+        return {"input_ids": input_ids, "labels": input_ids}
     input_ids = torch.randint(1, VOCAB, (batch_size, SEQ), generator=generator)
     labels = torch.randint(0, 2, (batch_size, ), generator=generator)
     return {"input_ids": input_ids, "labels": labels}

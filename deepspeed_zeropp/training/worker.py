@@ -2,6 +2,7 @@
 import json
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -91,7 +92,7 @@ class ForwardChecks:
         """A coalesced bucket quantizes groups that span neighbouring parameters, so a group's absmax can come
         from the largest parameter in the model: one int8 step of that (absmax/128; +absmax itself clamps from
         code 128 to 127), plus the dtype's rounding, bounds the error. Garbage (bits misread, uninitialised buffers) is off by the values' own size."""
-        error = (gathered - original).abs().max().item()
+        error = (gathered - original.to(gathered.device)).abs().max().item()
         own = original.abs().max().item() or 1.0
         self.max_rel_error = max(self.max_rel_error, error / own)
         if not error <= self.largest / 128 + own * 2**-8:
@@ -114,24 +115,28 @@ def train(run, spec, rank):
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=spec.get("lr", 1e-3))
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(run, dtype))
-    checks.attach(engine.module)
+    if spec.get("checks", True):  # off for step-time measurements only
+        checks.attach(engine.module)
     counters = Counters()
     counters.install()
-    losses = []
+    losses, step_ms = [], []
     try:
         for step in range(spec.get("steps", 5)):
-            batch = models.batch(step, rank)
+            batch = {k: v.to(engine.device) for k, v in models.batch(spec["model"], step, rank).items()}
+            start = time.perf_counter()
             loss = engine(**batch)["loss"]
             engine.backward(loss)
             engine.step()
-            checks.trained = True
             mean = loss.detach().float().clone()
-            torch.distributed.all_reduce(mean)
+            torch.distributed.all_reduce(mean)  # also waits for the step to finish on every rank
             losses.append(mean.item() / torch.distributed.get_world_size())
+            step_ms.append((time.perf_counter() - start) * 1000)
+            checks.trained = True
     finally:
         counters.remove()
     return {
         "losses": losses,
+        "step_ms": step_ms,
         "forward_checks": checks.checks,
         "dtype_errors": checks.dtype_errors[:10],
         "value_errors": checks.value_errors[:10],
@@ -144,15 +149,17 @@ def main(spec_path):
     with open(spec_path) as f:
         spec = json.load(f)
     rank = int(os.environ["RANK"])
+    report = None
     if spec.get("patch"):
         import deepspeed_zeropp
         report = deepspeed_zeropp.patch(backend=spec.get("backend", "auto"))
-    else:
-        report = None
+    elif spec["device"] == "cpu":  # DeepSpeed's compiled op does not exist on CPU: emulate it, bug included
         from .upstream_op import install
         install()
     import deepspeed
-    deepspeed.init_distributed(dist_backend="gloo" if spec.get("device", "cpu") == "cpu" else spec["backend_dist"])
+    if spec["device"].startswith("cuda"):
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    deepspeed.init_distributed(dist_backend="nccl" if spec["device"] == "cuda" else "gloo")
     results = {"deepspeed": deepspeed.__version__, "torch": torch.__version__, "report": str(report), "runs": {}}
     for run in spec["runs"]:
         try:

@@ -1,5 +1,4 @@
 """The pure-torch backend against the naive reference: exact codes, scales and dequantized values."""
-import math
 
 import pytest
 import torch
