@@ -8,6 +8,8 @@
 // time. An input pointer that is not 16-byte aligned runs the same kernel with single-element packets.
 #include <cfloat>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 
 #include "formats.cuh"
 #include "quantizer.h"
@@ -39,12 +41,38 @@ __device__ __forceinline__ uint32_t block_max(uint32_t v)
     return warp_max(lane < warps ? warp_results[lane] : 0u);
 }
 
+__device__ __forceinline__ int8_t quantize_value(float value, float multiplier, bool finite)
+{
+    // __fmul_rn: one IEEE rounding, never fused into anything else; the rounding to int is half-to-even.
+    const int code = __float2int_rn(__fmul_rn(value, multiplier));
+    return finite ? static_cast<int8_t>(min(max(code, -128), 127)) : int8_t(0);
+}
+
 template <typename Fmt>
 __device__ __forceinline__ int8_t quantize_one(uint32_t bits, float multiplier, bool finite)
 {
-    // __fmul_rn: one IEEE rounding, never fused into anything else; the rounding to int is half-to-even.
-    const int code = __float2int_rn(__fmul_rn(Fmt::to_float(bits), multiplier));
-    return finite ? static_cast<int8_t>(min(max(code, -128), 127)) : int8_t(0);
+    return quantize_value(Fmt::to_float(bits), multiplier, finite);
+}
+
+// A packet's elements widened to float. bfloat16 packets are read as 32-bit words: the even element is the low
+// half (little-endian), widened by one shift; the odd one is the high half, widened by one mask. This saves the
+// per-element half-word extraction that the generic path compiles to (bf16 quantize measured ~8% below fp16).
+template <typename Fmt, int VEC, typename P>
+__device__ __forceinline__ void widen(const P& packet, float (&values)[VEC])
+{
+    if constexpr (std::is_same<Fmt, BFloat16Format>::value && VEC % 2 == 0) {
+        uint32_t words[VEC / 2];
+        static_assert(sizeof(words) == sizeof(packet.raw), "a bf16 packet is a whole number of 32-bit words");
+        memcpy(words, packet.raw, sizeof(words));
+#pragma unroll
+        for (int i = 0; i < VEC / 2; ++i) {
+            values[2 * i] = __uint_as_float(words[i] << 16);
+            values[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) values[j] = Fmt::to_float(packet.e[j]);
+    }
 }
 
 template <typename Fmt, int VEC>
@@ -109,9 +137,11 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fm
         for (int k = 0; k < kLoads; ++k) {
             const int idx = base + threadIdx.x + k * blockDim.x;
             if (idx < packets) {
+                float values[VEC];
+                widen<Fmt, VEC>(cache[k], values);
                 CodePacket out;
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) out.e[j] = quantize_one<Fmt>(cache[k].e[j], multiplier, finite);
+                for (int j = 0; j < VEC; ++j) out.e[j] = quantize_value(values[j], multiplier, finite);
                 body_codes[idx].raw[0] = out.raw[0];
             }
         }

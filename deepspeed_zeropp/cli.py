@@ -1,0 +1,29 @@
+"""Command line: ``python -m deepspeed_zeropp doctor | demo | bench`` (also the ``deepspeed-zeropp`` script)."""
+import argparse
+import sys
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="deepspeed_zeropp",
+                                     description="ZeRO-3 quantized weights that keep every parameter's dtype")
+    commands = parser.add_subparsers(dest="command", required=True)
+    doctor = commands.add_parser("doctor", help="check this environment and the patch, with advice")
+    doctor.add_argument("--backend", default="auto")
+    demo = commands.add_parser("demo", help="2-rank ZeRO-3 bf16 training with zero_quantized_weights, both ways")
+    demo.add_argument("--steps", type=int, default=5)
+    demo.add_argument("--device", choices=["auto", "cpu", "cuda-shared"], default="auto")
+    bench = commands.add_parser("bench", help="run the kernel benchmarks (needs a CUDA GPU)")
+    bench.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args(argv)
+    if args.command == "doctor":
+        from .doctor import run
+        return run(backend=args.backend)
+    if args.command == "demo":
+        from .demo import run
+        return run(steps=args.steps, device=args.device)
+    from .bench import run
+    return run(out=args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

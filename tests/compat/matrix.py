@@ -1,0 +1,103 @@
+"""Compatibility run: tiers 1-2 of the test suite against each DeepSpeed release in versions.txt.
+
+Each release is installed into its own directory (``--target``, no dependencies: the CI environment already
+has what they need) and put first on PYTHONPATH for one pytest run. The per-test outcomes become the README's
+support table (between the ``support-table`` markers) and tests/compat/support_table.md.
+
+    python -m tests.compat.matrix [--versions 0.16.9 0.19.8] [--no-readme]
+"""
+import argparse
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = ROOT / ".compat"
+TABLE = Path(__file__).with_name("support_table.md")
+START, END = "<!-- support-table:start -->", "<!-- support-table:end -->"
+
+# Columns of the support table: a title and the test ids (substrings) whose outcomes it summarises.
+COLUMNS = (
+    ("unit (numerics, patch, stub op)", ("tests.unit.", )),
+    ("bf16 BERT #7775", ("test_bert_bf16_coalesced_issue_7775", )),
+    ("fp32 BERT", ("test_bert_fp32", )),
+    ("sequential gather", ("test_bert_bf16_sequential", )),
+    ("mixed-dtype bucket", ("test_bucket_mixing_bf16_and_fp32", )),
+    ("upstream failure reproduced unpatched", ("test_unpatched_reproduces_upstream_failure", )),
+)
+
+
+def versions_from_file():
+    lines = (Path(__file__).with_name("versions.txt")).read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def install(version):
+    target = CACHE / f"ds-{version}"
+    if not (target / "deepspeed").is_dir():
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
+                        str(target), f"deepspeed=={version}"], check=True, env=dict(os.environ, DS_BUILD_OPS="0"))
+    return target
+
+
+def run_tests(version, target):
+    junit = CACHE / f"junit-{version}.xml"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), str(ROOT)]), DS_ACCELERATOR="cpu")
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+                    "tests/unit", "tests/dist"], cwd=ROOT, env=env)
+    outcomes = {}
+    for case in ET.parse(junit).iter("testcase"):
+        test_id = f"{case.get('classname')}.{case.get('name')}"
+        failed = case.find("failure") is not None or case.find("error") is not None
+        outcomes[test_id] = "skipped" if case.find("skipped") is not None else ("failed" if failed else "passed")
+    return outcomes
+
+
+def cell(outcomes, keys):
+    selected = [o for test_id, o in outcomes.items() if any(k in test_id for k in keys)]
+    if not selected:
+        return "—"
+    failed = selected.count("failed")
+    if failed:
+        return f"FAIL ({failed}/{len(selected)})"
+    return "pass" if "passed" in selected else "skipped"
+
+
+def render(results):
+    header = "| DeepSpeed | " + " | ".join(title for title, _ in COLUMNS) + " |"
+    lines = [header, "|" + "---|" * (len(COLUMNS) + 1)]
+    for version, outcomes in results.items():
+        lines.append(f"| {version} | " + " | ".join(cell(outcomes, keys) for _, keys in COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def update_readme(table):
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{START}\n{table}{END}{tail}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--versions", nargs="*", default=None)
+    parser.add_argument("--no-readme", action="store_true", help="write support_table.md only")
+    args = parser.parse_args(argv)
+    CACHE.mkdir(exist_ok=True)
+    results = {}
+    for version in args.versions or versions_from_file():
+        print(f"== DeepSpeed {version}", flush=True)
+        results[version] = run_tests(version, install(version))
+    table = render(results)
+    TABLE.write_text(table)
+    if not args.no_readme:
+        update_readme(table)
+    print(table)
+    return 1 if any("failed" in outcomes.values() for outcomes in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
