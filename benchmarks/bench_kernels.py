@@ -10,6 +10,7 @@ measure DRAM traffic plus launch latency, not cache hits.
 writes kernels_h200.md (and kernels_h200.png when matplotlib is available) into --out.
 """
 import argparse
+import json
 import math
 import os
 import platform
@@ -34,7 +35,7 @@ LOAD_SNIPPET = ("import time, torch; torch.cuda.init(); t = time.perf_counter();
                 "print(time.perf_counter() - t if error is None else 'ERROR ' + error)")
 
 
-def time_per_call(fn, inputs, reps, trials=7, warmup=3):
+def time_per_call(fn, inputs, reps, trials=7, warmup=20):
     """Median over trials of the mean seconds per call, cycling through ``inputs``."""
     for i in range(warmup):
         fn(inputs[i % len(inputs)])
@@ -148,6 +149,18 @@ def write_markdown(path, info, results, build):
     path.write_text("\n".join(lines))
 
 
+def write_json(path, info, results, build):
+    """Raw figures (seconds per call and GB/s), from which benchmarks/report_gpu.py rewrites the table and plot."""
+    rows = [dict(dtype=d, size=n, groups=g, seconds=row, gbps=gbps) for (d, n), (g, row, gbps) in results.items()]
+    path.write_text(json.dumps(dict(info=info, build=build, results=rows), indent=1))
+
+
+def results_from_json(data):
+    """The inverse of write_json: (info, results, build) as write_markdown and write_plot take them."""
+    results = {(r["dtype"], r["size"]): (r["groups"], r["seconds"], r["gbps"]) for r in data["results"]}
+    return data["info"], results, data["build"]
+
+
 def write_plot(path, results):
     try:
         import matplotlib
@@ -203,6 +216,7 @@ def main():
             groups, row, gbps = results[(dtype_name, size_name)]
             summary = {key: f"{value:.0f} GB/s {row[key] * 1e6:.1f} us" for key, value in gbps.items()}
             print(dtype_name, size_name, summary, flush=True)
+    write_json(args.out / "kernels_h200.json", info, results, build)
     write_markdown(args.out / "kernels_h200.md", info, results, build)
     if write_plot(args.out / "kernels_h200.png", results):
         print(f"wrote {args.out / 'kernels_h200.png'}")

@@ -48,3 +48,24 @@ def dequantize(codes, scales, dtype=None, group_size=None, backend="auto"):
     impl = resolve_backend(backend, codes.device)
     out = impl.dequantize(codes.contiguous().view(-1), flat_scales.to(codes.device), group_size, dtype)
     return out.view(codes.shape)
+
+
+def dequantize_segments(codes, scales, segments, dtype=None, backend="auto"):
+    """Dequantize a buffer made of runs with different group sizes: ``segments`` lists (groups, group_size)
+    in buffer order. DeepSpeed's coalesced MixZ++ gather concatenates partitions quantized one by one."""
+    check_wire_tensors(codes, scales)
+    dtype = DEFAULT_DEQUANT_DTYPE if dtype is None else dtype
+    check_float_dtype(dtype, "dequantize output")
+    flat_codes, flat_scales = codes.contiguous().view(-1), scales.reshape(-1).to(codes.device)
+    if sum(g * e for g, e in segments) != flat_codes.numel() or sum(g for g, _ in segments) != flat_scales.numel():
+        raise ValueError(f"segments {segments} do not cover {flat_codes.numel()} codes and {flat_scales.numel()} scales")
+    impl = resolve_backend(backend, codes.device)
+    out = torch.empty(flat_codes.numel(), dtype=dtype, device=codes.device)
+    code_at = scale_at = 0
+    for groups, group_size in segments:
+        numel = groups * group_size
+        out[code_at:code_at + numel] = impl.dequantize(flat_codes[code_at:code_at + numel],
+                                                       flat_scales[scale_at:scale_at + groups].contiguous(),
+                                                       group_size, dtype)
+        code_at, scale_at = code_at + numel, scale_at + groups
+    return out.view(codes.shape)

@@ -6,7 +6,7 @@ class covers every instance, existing or future. The signatures match upstream 0
 ``quantize(param, groups=None)`` and ``dequantize(quantized_param, scale, dtype=None)``.
 """
 from . import ops
-from .patching.scope import current_target
+from .scope import DEFERRED, current_target, quantize_is_deferred
 
 
 class QuantizerMethods:
@@ -21,14 +21,27 @@ class QuantizerMethods:
     def quantize(self, param, groups=None):
         """Why this seam: upstream reads every input as fp16 bits; ours quantizes each dtype natively and
         picks a valid group count for any size. Returns int8 codes and 1-D fp32 scales (gloo-compatible)."""
+        if quantize_is_deferred():
+            return param.zero_(), DEFERRED
         return ops.quantize(param, groups, backend=QuantizerMethods.backend)
 
     def dequantize(self, quantized_param, scale, dtype=None):
         """Why this seam: upstream always returns fp16. An explicit ``dtype`` wins; otherwise the dtype the
         enclosing patched gather site recorded from its parameters; otherwise fp16, as upstream."""
         target = current_target()
-        group_size = None
-        if target is not None:
-            group_size = target.group_size
-            dtype = dtype or target.dtype
-        return ops.dequantize(quantized_param, scale, dtype, group_size=group_size, backend=QuantizerMethods.backend)
+        if target is None:
+            return ops.dequantize(quantized_param, scale, dtype, backend=QuantizerMethods.backend)
+        dtype = dtype or target.dtype
+        if target.segments:
+            return ops.dequantize_segments(quantized_param, scale, target.segments, dtype,
+                                           backend=QuantizerMethods.backend)
+        return ops.dequantize(quantized_param, scale, dtype, group_size=target.group_size,
+                              backend=QuantizerMethods.backend)
+
+    @staticmethod
+    def quantize_partition(partition):
+        """Replace a float ZeRO partition by int8 codes carrying its attributes and ``ds_quant_scale``."""
+        codes, scales = ops.quantize(partition, backend=QuantizerMethods.backend)
+        codes.__dict__.update({k: v for k, v in partition.__dict__.items() if k != "ds_quant_scale"})
+        codes.ds_quant_scale = scales
+        return codes

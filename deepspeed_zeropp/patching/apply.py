@@ -73,30 +73,36 @@ def _detail(site, version):
 
 def _patch_site(site, version):
     owner = getattr(importlib.import_module(site.module), site.owner, None)
-    original = owner.__dict__.get(site.attr, _MISSING) if isinstance(owner, type) else _MISSING
-    if original is _MISSING:
+    if not isinstance(owner, type):
+        return None
+    original = owner.__dict__.get(site.attr, _MISSING)
+    if original is _MISSING and not site.adds:
         return None
     if getattr(original, MARKER, False):
         return SiteReport(site.name, "patched", _detail(site, version))
-    setattr(owner, site.attr, mark(site.factory(original), original, site.why))
+    setattr(owner, site.attr, mark(site.factory(original), None if original is _MISSING else original, site.why))
     _originals[site.name] = (owner, site.attr, original)
     logger.info("deepspeed_zeropp: patched %s.%s", site.module, site.name)
     return SiteReport(site.name, "patched", _detail(site, version))
 
 
-def patch(backend="auto", strict=True):
+def patch(backend="auto", strict=True, exclude=()):
     """Patch the installed DeepSpeed so ZeRO-3 quantized weights keep every parameter's dtype.
 
     ``backend``: "auto" (native CUDA kernels for CUDA tensors, pure torch elsewhere), "torch", "cuda", or
     "deepspeed" (DeepSpeed's own fp16 op with casts around it, upstream 0.19.6+ numerics). Idempotent: a second
     call only switches the backend. With ``strict`` a site expected on this release but not found raises
-    :class:`PatchError` naming the site and the DeepSpeed version. Returns a :class:`PatchReport`."""
+    :class:`PatchError` naming the site and the DeepSpeed version. ``exclude`` names sites to leave alone (tests
+    use it to show what each site fixes). Returns a :class:`PatchReport`."""
     check_backend_name(backend)
     import deepspeed
     version = _check_version(deepspeed.__version__, strict)
     QuantizerMethods.backend = backend
     reports = []
     for site in SITES:
+        if site.name in exclude:
+            reports.append(SiteReport(site.name, "excluded"))
+            continue
         expected = _in_range(site, version)
         report = _patch_site(site, version) if expected else None
         if report is None and expected:
@@ -114,5 +120,8 @@ def unpatch():
     """Restore every object the patch replaced, exactly as it was. Safe to call when nothing is patched."""
     while _originals:
         _, (owner, attr, original) = _originals.popitem()
-        setattr(owner, attr, original)
+        if original is _MISSING:
+            delattr(owner, attr)
+        else:
+            setattr(owner, attr, original)
     QuantizerMethods.backend = "auto"

@@ -1,15 +1,17 @@
-"""Wrappers installed at DeepSpeed's gather sites. Each one says, in its docstring, why that seam.
+"""Wrappers installed at DeepSpeed's sites. Each site's row in sites.py says why that seam.
 
-All gather-site wrappers share one mechanism: record each parameter's own dtype before the original method
-runs, publish a dequantize target for the call (the common dtype, or fp32 for a bucket mixing dtypes, so
-every value is rounded only once), and afterwards hand each parameter back in its own dtype. The original
-method body always runs unchanged, so other upstream fixes of the installed release are kept.
+Gather sites share one mechanism: record each parameter's own dtype before the original method runs, publish a
+dequantize target for the call (the common dtype, or fp32 for a bucket mixing dtypes, so every value is rounded
+only once), and afterwards hand each parameter back in its own dtype. The original method body always runs, so
+other upstream fixes of the installed release are kept.
 """
+import contextlib
 
 import torch
 
 from ..dtypes import SUPPORTED_DTYPES
-from .scope import dequant_target
+from ..quantizer import QuantizerMethods
+from ..scope import DEFERRED, deferring_quantize, dequant_target
 
 MARKER = "__deepspeed_zeropp__"
 
@@ -17,8 +19,8 @@ MARKER = "__deepspeed_zeropp__"
 def own_dtype(param):
     """The dtype a ZeRO-3 parameter must be handed back in.
 
-    The partition (``ds_tensor``) keeps the model dtype unless MixZ++ stored it as int8; the placeholder
-    ``param.data`` keeps it otherwise (but unpatched releases leave it fp16 after one gather, hence second)."""
+    Recorded when MixZ++ stored its partition as int8; else the partition's (``ds_tensor``) dtype; else the
+    placeholder ``param.data``'s (unpatched releases leave that fp16 after one gather, hence last)."""
     recorded = getattr(param, "ds_zeropp_dtype", None)
     if recorded is not None:
         return recorded
@@ -39,6 +41,11 @@ def _restore_dtypes(params, dtypes):
             param.data = param.data.to(dtype)
 
 
+def stored_quantized(partition):
+    """True for a MixZ++ partition kept as int8 codes (with its ``ds_quant_scale``)."""
+    return partition is not None and hasattr(partition, "ds_quant_scale")
+
+
 def mark(wrapper, original, why):
     """Tag ``wrapper`` as ours: marker attribute, ``__wrapped__``, the original's name, and a docstring that
     says why this seam."""
@@ -46,12 +53,13 @@ def mark(wrapper, original, why):
     wrapper.__wrapped__ = original
     wrapper.__doc__ = why
     for attr in ("__name__", "__qualname__", "__module__"):
-        setattr(wrapper, attr, getattr(original, attr, getattr(wrapper, attr)))
+        if hasattr(original, attr):
+            setattr(wrapper, attr, getattr(original, attr))
     return wrapper
 
 
 def replace_with(impl):
-    """Seam factory for methods we implement ourselves (the quantizer's own methods)."""
+    """Seam factory for methods whose whole job we do ourselves (the quantizer's methods)."""
 
     def factory(original):
 
@@ -87,59 +95,176 @@ def dtype_scoped(params_of, quantized, group_size_of=lambda *a, **k: None):
     return factory
 
 
-# --- how each site names its parameters and its quantization state -------------------------------------------
+# --- AllGatherHandle.wait: one parameter ----------------------------------------------------------------------
 
 
-def _single_handle_quant(handle, *args, **kwargs):
-    return getattr(handle, "_AllGatherHandle__quantization", None) if not handle_done(handle) else None
+def _single_quantization(handle, *args, **kwargs):
+    if getattr(handle, "_AllGatherHandle__complete", False):
+        return None
+    return getattr(handle, "_AllGatherHandle__quantization", None)
 
 
-def handle_done(handle):
-    return getattr(handle, "_AllGatherHandle__complete", False)
-
-
-def single_handle_params(handle, *args, **kwargs):
-    return [handle._AllGatherHandle__param]
-
-
-def single_handle_group_size(handle, *args, **kwargs):
-    """Group size of the gathered buffer behind the codes. The sequential path narrows the gathered buffer to
-    ``ds_numel``; when the partition was padded, ``numel / groups`` no longer gives the group size (upstream
-    then maps scales to the wrong elements). The buffer itself still has world_size * partition elements."""
-    quant = _single_handle_quant(handle)
+def _single_group_size(handle, *args, **kwargs):
+    """The sequential path narrows the gathered buffer to ``ds_numel``; for a padded partition ``numel / groups``
+    is then not the group size (upstream maps scales to the wrong elements). The gathered buffer itself still
+    holds world_size x partition int8 elements, one byte each."""
+    quant = _single_quantization(handle)
     groups = quant.scale_buffer.numel()
-    gathered = quant.quantized_param.untyped_storage().nbytes()  # int8: one byte per element
+    gathered = quant.quantized_param.untyped_storage().nbytes()
     return gathered // groups if gathered % groups == 0 else None
 
 
-def bucket_handle_quantized(handle, *args, **kwargs):
-    return bool(getattr(handle, "quantization", None)) and not getattr(handle, "complete", False)
+SINGLE_GATHER = dtype_scoped(lambda handle, *a, **k: [handle._AllGatherHandle__param],
+                             lambda handle, *a, **k: _single_quantization(handle) is not None, _single_group_size)
+
+# --- AllGatherCoalescedHandle.wait: a bucket ------------------------------------------------------------------
 
 
-def bucket_handle_params(handle, *args, **kwargs):
-    return handle.params
+def _bucket_partition(handle, param):
+    return param.ds_secondary_tensor if handle.use_secondary_tensor else param.ds_tensor
 
 
-def no_gather_param(handle, param, *args, **kwargs):
-    return [param]
+def _stored_bucket_segments(handle):
+    """(groups, group size) runs of a gathered bucket of MixZ++ partitions: each partition was quantized on its
+    own, so group sizes change from one parameter to the next, and the run repeats for every rank."""
+    per_rank = []
+    for param in handle.params:
+        partition = _bucket_partition(handle, param)
+        groups = partition.ds_quant_scale.numel()
+        per_rank.append((groups, partition.numel() // groups))
+    return tuple(per_rank) * handle.world_size
 
 
-def no_gather_params(handle, params, *args, **kwargs):
-    return list(params)
+@contextlib.contextmanager
+def _float_partition_views(params, dtypes):
+    """During the wait, show int8 MixZ++ partitions as empty tensors of the parameter's dtype: from v0.17.2 each
+    slice is cast to ``param.ds_tensor.dtype``, which for them is int8 and would truncate the values."""
+    swapped = []
+    for param, dtype in zip(params, dtypes):
+        partition = param.ds_tensor
+        if partition is not None and partition.dtype == torch.int8:
+            view = torch.empty(0, dtype=dtype, device=partition.device)
+            view.__dict__.update(partition.__dict__)
+            param.ds_tensor = view
+            swapped.append((param, partition))
+    try:
+        yield
+    finally:
+        for param, partition in swapped:
+            param.ds_tensor = partition
 
 
-def holds_quantized_partition(params):
-    return any(hasattr(getattr(p, "ds_tensor", None), "ds_quant_scale") for p in params)
+def BUCKET_GATHER(original):
+
+    def wrapper(handle, *args, **kwargs):
+        if not getattr(handle, "quantization", None) or getattr(handle, "complete", False):
+            return original(handle, *args, **kwargs)
+        params = list(handle.params)
+        dtypes = [own_dtype(p) for p in params]
+        stored = stored_quantized(_bucket_partition(handle, params[0]))
+        segments = _stored_bucket_segments(handle) if stored else None
+        with dequant_target(_bucket_dtype(dtypes), segments=segments), _float_partition_views(params, dtypes):
+            result = original(handle, *args, **kwargs)
+        _restore_dtypes(params, dtypes)
+        return result
+
+    return wrapper
 
 
-def init_param_list(init, param_list, *args, **kwargs):
-    return param_list
+# --- NoGather handles and Init's synchronous gathers ----------------------------------------------------------
+
+NO_GATHER = dtype_scoped(lambda handle, param, *a, **k: [param],
+                         lambda handle, param, *a, **k: stored_quantized(param.ds_tensor))
+NO_GATHER_COALESCED = dtype_scoped(lambda handle, params, *a, **k: list(params),
+                                   lambda handle, params, *a, **k: any(stored_quantized(p.ds_tensor) for p in params))
+INIT_GATHER = dtype_scoped(lambda init, params, *a, **k: params, lambda init, params, *a, **k: len(params) > 0)
 
 
+def INIT_GATHER_SINGLE(original):
+    """``Init._allgather_params`` (<= 0.18.4): its quantized branch tests the parameter instead of its partition
+    for ``ds_quant_scale``, so MixZ++ codes come back undequantized. Quantized lists go to Init's coalesced
+    gather, which handles them; everything else runs the original."""
 
-SINGLE_GATHER = dtype_scoped(single_handle_params, lambda h, *a, **k: _single_handle_quant(h) is not None,
-                             single_handle_group_size)
-BUCKET_GATHER = dtype_scoped(bucket_handle_params, bucket_handle_quantized)
-NO_GATHER = dtype_scoped(no_gather_param, lambda h, p, *a, **k: holds_quantized_partition([p]))
-NO_GATHER_COALESCED = dtype_scoped(no_gather_params, lambda h, ps, *a, **k: holds_quantized_partition(ps))
-INIT_GATHER = dtype_scoped(init_param_list, lambda init, params, *a, **k: len(params) > 0)
+    def wrapper(init, param_list, *args, **kwargs):
+        if any(stored_quantized(p.ds_tensor) for p in param_list):
+            hierarchy = kwargs.get("hierarchy", args[0] if args else 0)
+            return init._allgather_params_coalesced(param_list, hierarchy, quantize=True)
+        return INIT_GATHER(original)(init, param_list, *args, **kwargs)
+
+    return wrapper
+
+
+# --- MixZ++ partitioning ----------------------------------------------------------------------------------------
+
+
+def _partition_rank(init, param, attr):
+    if attr == "ds_secondary_tensor":
+        return init.rank_in_group
+    return torch.distributed.get_rank(group=init.get_partition_dp_group(param))
+
+
+def _zero_padding(init, param, attr):
+    """The last rank's partition is padded to the common size; upstream leaves the padding of the primary
+    partition uninitialised. qwZ quantizes whole partitions, so stale padding can set a group's absmax (even to
+    inf or NaN) and wipe out the real values sharing that group."""
+    partition = getattr(param, attr, None)
+    if partition is None or partition.dtype not in SUPPORTED_DTYPES:
+        return
+    size = getattr(partition, "ds_numel", partition.numel())
+    valid = min(max(param.ds_numel - _partition_rank(init, param, attr) * size, 0), size)
+    if valid < size:
+        with torch.no_grad():
+            partition.view(-1).narrow(0, valid, size - valid).zero_()
+
+
+def partition_seam(attr):
+    """Seam factory for ``Init._partition_param`` (attr ``ds_tensor``) and ``_partition_param_sec``
+    (``ds_secondary_tensor``). MixZ++: upstream quantizes the freshly allocated, still empty buffer and then copies
+    the float values into the int8 result, so quantization is deferred until the partition holds its values. And
+    padding is zeroed, so that it never takes part in a quantization group's absmax."""
+
+    def factory(original):
+
+        def wrapper(init, param, *args, **kwargs):
+            fresh = (getattr(param, attr, None) is None and not param.requires_grad
+                     and getattr(init, "quantized_nontrainable_weights", False))
+            if not fresh:
+                result = original(init, param, *args, **kwargs)
+                _zero_padding(init, param, attr)
+                return result
+            dtype = param.dtype
+            with deferring_quantize():
+                result = original(init, param, *args, **kwargs)
+            partition = getattr(param, attr, None)
+            if partition is not None and getattr(partition, "ds_quant_scale", None) is DEFERRED:
+                setattr(param, attr, QuantizerMethods.quantize_partition(partition))
+                param.ds_zeropp_dtype = dtype
+            return result
+
+        return wrapper
+
+    return factory
+
+
+def quantize_nontrainable_params(optimizer):
+    """Quantize the partitions of parameters frozen after ZeRO-3 partitioning (LoRA), in their own dtype.
+    Same selection as upstream: frozen, not yet quantized, and not small (partition > 2048 and numel > 500000)."""
+    if not getattr(optimizer, "zero_quantized_nontrainable_weights", False):
+        return
+    for param in optimizer.module.parameters():
+        partition = getattr(param, "ds_tensor", None)
+        if partition is None or param.requires_grad or partition.numel() <= 2048 or param.ds_numel <= 500000:
+            continue
+        dtype = own_dtype(param)
+        for attr in ("ds_tensor", "ds_secondary_tensor"):
+            partition = getattr(param, attr, None)
+            if partition is not None and not stored_quantized(partition):
+                setattr(param, attr, QuantizerMethods.quantize_partition(partition))
+        param.ds_zeropp_dtype = dtype
+
+
+def class_quantizer(original):
+    """``Init.quantizer_module`` as a class attribute: the NoGather handles read it from the class, where
+    upstream never sets it (only instances get one, and only when their own config asks for quantization)."""
+    from deepspeed.runtime.zero.partition_parameters import CUDAQuantizer
+    return CUDAQuantizer()

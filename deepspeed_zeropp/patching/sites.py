@@ -10,6 +10,7 @@ from ..quantizer import QuantizerMethods
 from . import seams
 
 PARTITION_PARAMETERS = "deepspeed.runtime.zero.partition_parameters"
+STAGE3 = "deepspeed.runtime.zero.stage3"
 UPSTREAM_DTYPE_FIX = "0.19.6"  # DeepSpeed PR #8215: fp16 detour in the quantizer, dtype= at five sites
 
 OLDEST_SUPPORTED = "0.16.0"
@@ -25,6 +26,7 @@ class Site(NamedTuple):
     until: Optional[str] = None
     upstream_fixed_in: Optional[str] = None  # release from which upstream handles dtypes here (by fp16 detour)
     module: str = PARTITION_PARAMETERS
+    adds: bool = False  # the attribute may be absent upstream: the patch adds it (and unpatch removes it)
 
     @property
     def name(self):
@@ -58,10 +60,27 @@ SITES = (
          "Why this seam: Init's own coalesced all-gather (GatheredParameters with hierarchy) dequantizes each "
          "parameter without a dtype before 0.19.6; the wrapper knows the list of parameters it fills.",
          upstream_fixed_in=UPSTREAM_DTYPE_FIX),
-    Site("Init", "_allgather_params", seams.INIT_GATHER,
-         "Why this seam: Init's sequential all-gather dequantizes without a dtype; renamed in 0.18.5.",
+    Site("Init", "_allgather_params", seams.INIT_GATHER_SINGLE,
+         "Why this seam: Init's sequential all-gather dequantizes without a dtype, and its quantized branch never "
+         "fires (it looks for ds_quant_scale on the parameter, not its partition); renamed in 0.18.5.",
          until="0.18.4"),
     Site("Init", "_allgather_params_sequential", seams.INIT_GATHER,
          "Why this seam: Init's sequential all-gather (the 0.18.5+ name of _allgather_params).",
          since="0.18.5", upstream_fixed_in=UPSTREAM_DTYPE_FIX),
+    Site("Init", "quantizer_module", seams.class_quantizer,
+         "Why this seam: the NoGather handles read Init.quantizer_module from the class, which upstream never "
+         "assigns (AttributeError with MixZ++ at partition world size 1, or after zero.Init() without a config).",
+         adds=True),
+    Site("Init", "_partition_param", seams.partition_seam("ds_tensor"),
+         "Why this seam: with MixZ++, _partition_param quantizes the freshly allocated (empty) partition and then "
+         "copies the float values into the int8 result: frozen weights become garbage. Quantization is deferred "
+         "until the partition holds its values. It also leaves the last rank's padding uninitialised, which qwZ "
+         "then quantizes along with real values: the padding is zeroed."),
+    Site("Init", "_partition_param_sec", seams.partition_seam("ds_secondary_tensor"),
+         "Why this seam: the hpZ secondary partition has the same quantize-before-copy defect as _partition_param "
+         "(and, before 0.19.8, the same uninitialised padding)."),
+    Site("DeepSpeedZeroOptimizer_Stage3", "quantize_nontrainable_params", seams.replace_with(seams.quantize_nontrainable_params),
+         "Why this seam: upstream asserts that frozen partitions are fp16 before quantizing them (DeepSpeed #4885), "
+         "so MixZ++ after freezing (LoRA) is impossible in bf16/fp32; the whole body is that assert plus the "
+         "quantization, so it is reimplemented on our quantizer.", module=STAGE3),
 )

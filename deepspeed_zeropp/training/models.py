@@ -1,7 +1,7 @@
 """Models the harness trains, built from configs (no downloads), and their synthetic batches."""
 import torch
 
-VOCAB = 1024
+VOCAB = 2048  # word embeddings above 500k elements: large enough for quantize_nontrainable_params
 SEQ = 32
 
 
@@ -30,12 +30,13 @@ class MixedLinear(torch.nn.Module):
 
 
 class MixedMLP(torch.nn.Module):
+    """Odd sizes on purpose (97 x 97, a head of 3): their partitions at 2 ranks are padded."""
 
-    def __init__(self, width=96):
+    def __init__(self, width=97):
         super().__init__()
         self.embed = torch.nn.Embedding(VOCAB, width)
         self.mixed = MixedLinear(width)
-        self.head = torch.nn.Linear(width, 2)
+        self.head = torch.nn.Linear(width, 3)
 
     def forward(self, input_ids, labels):
         hidden = torch.relu(self.mixed(self.embed(input_ids).mean(dim=1)))

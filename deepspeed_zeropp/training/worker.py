@@ -16,6 +16,7 @@ def ds_config(run, dtype):
     zero = {
         "stage": 3,
         "stage3_param_persistence_threshold": 0,  # every parameter is gathered, so every one is quantized
+        "reduce_bucket_size": 2**22,  # the defaults (5e8 elements) are far larger than these models
         "zero_quantized_weights": run.get("quantized", False),
         "zero_quantized_nontrainable_weights": run.get("quantized_nontrainable", False),
     }
@@ -103,18 +104,57 @@ class ForwardChecks:
             module.register_forward_pre_hook(self.hook)
 
 
+def apply_patch(spec, run):
+    """Patch as the job asks; ``exclude_sites`` leaves chosen sites unpatched (to show what each one fixes)."""
+    from deepspeed_zeropp.patching import apply
+    apply.unpatch()
+    if spec.get("patch"):
+        apply.patch(backend=spec.get("backend", "auto"), exclude=run.get("exclude_sites", ()))
+
+
+def build_model(spec, run, dtype):
+    """The model, built plainly or under ``zero.Init()`` without a config (partitioned at construction), and a
+    full copy of its initial parameters for the value checks."""
+    import deepspeed
+    torch.manual_seed(spec.get("seed", 0))
+    if not run.get("zero_init"):
+        return models.build(spec["model"], dtype), ForwardChecks
+    with deepspeed.zero.Init():
+        model = models.build(spec["model"], dtype)
+    with deepspeed.zero.GatheredParameters(list(model.parameters())):
+        checks = ForwardChecks(model)
+    return model, lambda _: checks
+
+
+def freeze(model, keys):
+    for name, param in model.named_parameters():
+        if any(key in name for key in keys):
+            param.requires_grad_(False)
+
+
+def gathered_check(engine, checks):
+    """Gather one frozen parameter with GatheredParameters (Init's synchronous gather, not the coordinator's)."""
+    import deepspeed
+    frozen = [p for p in engine.module.parameters() if not p.requires_grad]
+    if frozen:
+        with deepspeed.zero.GatheredParameters(frozen[:1]):
+            name, _, original, _ = checks.expected[frozen[0]]
+            checks._compare(f"GatheredParameters({name})", frozen[0].detach().float().view(original.shape), original)
+
+
 def train(run, spec, rank):
     import deepspeed
     dtype = DTYPES[spec["dtype"]]
-    torch.manual_seed(spec.get("seed", 0))
-    model = models.build(spec["model"], dtype)
-    for name, param in model.named_parameters():
-        if any(key in name for key in spec.get("frozen", [])):
-            param.requires_grad_(False)
-    checks = ForwardChecks(model)
+    apply_patch(spec, run)
+    model, make_checks = build_model(spec, run, dtype)
+    freeze(model, spec.get("frozen", []))
+    checks = make_checks(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=spec.get("lr", 1e-3))
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(run, dtype))
+    if run.get("freeze_after_init"):  # the LoRA flow upstream documents for quantize_nontrainable_params
+        freeze(engine.module, run["freeze_after_init"])
+        engine.optimizer.quantize_nontrainable_params()
     if spec.get("checks", True):  # off for step-time measurements only
         checks.attach(engine.module)
     counters = Counters()
@@ -132,6 +172,8 @@ def train(run, spec, rank):
             losses.append(mean.item() / torch.distributed.get_world_size())
             step_ms.append((time.perf_counter() - start) * 1000)
             checks.trained = True
+        if run.get("gathered_check"):
+            gathered_check(engine, checks)
     finally:
         counters.remove()
     return {
@@ -149,11 +191,14 @@ def main(spec_path):
     with open(spec_path) as f:
         spec = json.load(f)
     rank = int(os.environ["RANK"])
+    # Deterministic mode also fills torch.empty() with NaN, so reads of uninitialised memory show up every time
+    # instead of depending on what the allocator happened to hand out.
+    torch.use_deterministic_algorithms(True, warn_only=True)
     report = None
     if spec.get("patch"):
         import deepspeed_zeropp
         report = deepspeed_zeropp.patch(backend=spec.get("backend", "auto"))
-    elif spec["device"] == "cpu":  # DeepSpeed's compiled op does not exist on CPU: emulate it, bug included
+    if spec["device"] == "cpu":  # DeepSpeed's compiled op does not exist on CPU: emulate it, bug included
         from .upstream_op import install
         install()
     import deepspeed

@@ -27,7 +27,8 @@ def test_patch_reports_every_site(pp):
     for site, line in zip(sites.SITES, report.sites):
         if line.status == "patched":
             wrapper = current(pp, site)
-            assert getattr(wrapper, MARKER) and wrapper.__wrapped__ is not None and "Why this seam" in wrapper.__doc__
+            assert getattr(wrapper, MARKER) and "Why this seam" in wrapper.__doc__
+            assert wrapper.__wrapped__ is not None or site.adds
         else:
             assert line.status == "absent in this release" and current(pp, site) is None
     import deepspeed

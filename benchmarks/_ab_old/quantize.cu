@@ -1,0 +1,170 @@
+// Symmetric int8 quantization, one thread block per contiguous group.
+//
+// A block reads its group once into registers (kLoads 16-byte loads per thread: up to 64 KiB per group at 1024
+// threads, four times DeepSpeed's largest group), reduces the exact absmax, then writes the codes from registers:
+// input bytes cross the memory bus once. Larger groups (a prime-sized tensor is one group) take a second pass over
+// the input, which then mostly hits L2. Whatever the group size, the aligned interior of a group moves in 16-byte
+// loads; the few elements before the first and after the last 16-byte boundary of the group are handled one at a
+// time. An input pointer that is not 16-byte aligned runs the same kernel with single-element packets.
+#include <cfloat>
+#include <cmath>
+
+#include "formats.cuh"
+#include "quantizer.h"
+
+namespace dszpp {
+namespace {
+
+constexpr int kLoads = 4;  // 16-byte loads in flight per thread; fewer measured slower on an H200
+constexpr int kMaxThreads = 1024;
+constexpr int kMinThreads = 32;
+
+__device__ __forceinline__ uint32_t warp_max(uint32_t v)
+{
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+
+// Every thread returns the block's maximum; one barrier.
+__device__ __forceinline__ uint32_t block_max(uint32_t v)
+{
+    __shared__ uint32_t warp_results[kMaxThreads / 32];
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;
+    v = warp_max(v);
+    if (lane == 0) warp_results[warp] = v;
+    __syncthreads();
+    const int warps = blockDim.x / 32;
+    return warp_max(lane < warps ? warp_results[lane] : 0u);
+}
+
+template <typename Fmt>
+__device__ __forceinline__ int8_t quantize_one(uint32_t bits, float multiplier, bool finite)
+{
+    // __fmul_rn: one IEEE rounding, never fused into anything else; the rounding to int is half-to-even.
+    const int code = __float2int_rn(__fmul_rn(Fmt::to_float(bits), multiplier));
+    return finite ? static_cast<int8_t>(min(max(code, -128), 127)) : int8_t(0);
+}
+
+template <typename Fmt, int VEC>
+__global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fmt::Bits* __restrict__ input,
+                                int8_t* __restrict__ codes,
+                                float* __restrict__ scales,
+                                int64_t group_size)
+{
+    using Bits = typename Fmt::Bits;
+    using InPacket = PacketOf<Bits, VEC>;
+    using CodePacket = PacketOf<int8_t, VEC>;
+
+    const int64_t start = static_cast<int64_t>(blockIdx.x) * group_size;
+    const int64_t end = start + group_size;
+    const int64_t body_start = min((start + VEC - 1) / VEC * VEC, end);
+    const int64_t body_end = max(end / VEC * VEC, body_start);
+    // In-group offsets fit 32 bits (checked on the host); 64-bit index arithmetic would cost registers.
+    const int packets = static_cast<int>((body_end - body_start) / VEC);
+    const int head = static_cast<int>(body_start - start);
+    const int edge = head + static_cast<int>(end - body_end);  // < 2 * VEC <= blockDim.x
+    const InPacket* body = reinterpret_cast<const InPacket*>(input + body_start);
+    CodePacket* body_codes = reinterpret_cast<CodePacket*>(codes + body_start);
+
+    const int stride = blockDim.x * kLoads;
+    const bool cached = packets <= stride;
+    InPacket cache[kLoads];
+    auto load = [&](int base) {
+#pragma unroll
+        for (int k = 0; k < kLoads; ++k) {
+            const int idx = base + threadIdx.x + k * blockDim.x;
+#pragma unroll
+            for (int r = 0; r < sizeof(cache[k].raw) / sizeof(cache[k].raw[0]); ++r)
+                cache[k].raw[r] = idx < packets ? body[idx].raw[r] : typename InPacket::RawType{};
+        }
+    };
+
+    uint32_t magnitude = 0;
+    for (int base = 0; base < packets; base += stride) {
+        load(base);
+#pragma unroll
+        for (int k = 0; k < kLoads; ++k)
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) magnitude = max(magnitude, Fmt::magnitude(cache[k].e[j]));
+    }
+    const int lane = threadIdx.x;
+    const bool has_edge = lane < edge;
+    const int64_t edge_index = lane < head ? start + lane : body_end + (lane - head);
+    const Bits edge_bits = has_edge ? input[edge_index] : Bits(0);
+    magnitude = max(magnitude, Fmt::magnitude(edge_bits));
+
+    const float absmax = Fmt::to_float(block_max(magnitude));
+    const bool finite = absmax <= FLT_MAX;  // false for inf and NaN
+    // Correctly rounded 128 / absmax and 1 / multiplier, as wire.py computes them. Done in double and rounded once to
+    // float: exact for these quotients (53 >= 2 * 24 + 2 bits), including subnormal results and the overflow that the
+    // FLT_MAX cap turns into a finite multiplier for tiny groups. One division per group, off the memory path.
+    const float multiplier = absmax == 0.f ? 1.f : fminf(static_cast<float>(128.0 / absmax), FLT_MAX);
+    if (threadIdx.x == 0) scales[blockIdx.x] = finite ? static_cast<float>(1.0 / multiplier) : NAN;
+
+    for (int base = 0; base < packets; base += stride) {
+        if (!cached) load(base);
+#pragma unroll
+        for (int k = 0; k < kLoads; ++k) {
+            const int idx = base + threadIdx.x + k * blockDim.x;
+            if (idx < packets) {
+                CodePacket out;
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) out.e[j] = quantize_one<Fmt>(cache[k].e[j], multiplier, finite);
+                body_codes[idx].raw[0] = out.raw[0];
+            }
+        }
+    }
+    if (has_edge) codes[edge_index] = quantize_one<Fmt>(edge_bits, multiplier, finite);
+}
+
+int threads_for(int64_t packets)
+{
+    int threads = kMinThreads;
+    while (threads * static_cast<int64_t>(kLoads) < packets && threads < kMaxThreads) threads <<= 1;
+    return threads;
+}
+
+template <typename Fmt, int VEC>
+void launch_with(const typename Fmt::Bits* input,
+                 int8_t* codes,
+                 float* scales,
+                 int64_t groups,
+                 int64_t group_size,
+                 cudaStream_t stream)
+{
+    const int threads = threads_for((group_size + VEC - 1) / VEC);
+    quantize_kernel<Fmt, VEC><<<groups, threads, 0, stream>>>(input, codes, scales, group_size);
+}
+
+template <typename Fmt>
+void launch(const void* input, int8_t* codes, float* scales, int64_t groups, int64_t group_size, cudaStream_t stream)
+{
+    using Bits = typename Fmt::Bits;
+    const bool aligned = reinterpret_cast<uintptr_t>(input) % 16 == 0 && reinterpret_cast<uintptr_t>(codes) % 16 == 0;
+    const Bits* bits = static_cast<const Bits*>(input);
+    if (aligned)
+        launch_with<Fmt, 16 / sizeof(Bits)>(bits, codes, scales, groups, group_size, stream);
+    else
+        launch_with<Fmt, 1>(bits, codes, scales, groups, group_size, stream);
+}
+
+}  // namespace
+
+void launch_quantize(Format format,
+                     const void* input,
+                     int8_t* codes,
+                     float* scales,
+                     int64_t groups,
+                     int64_t group_size,
+                     cudaStream_t stream)
+{
+    switch (format) {
+        case Format::kHalf: launch<HalfFormat>(input, codes, scales, groups, group_size, stream); break;
+        case Format::kBFloat16: launch<BFloat16Format>(input, codes, scales, groups, group_size, stream); break;
+        case Format::kFloat: launch<FloatFormat>(input, codes, scales, groups, group_size, stream); break;
+    }
+}
+
+}  // namespace dszpp
