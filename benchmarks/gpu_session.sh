@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session (issues 3 and 6) on a 2-GPU H200 host with no package index, run from the repository root:
 #   BUDGET=540 bash benchmarks/gpu_session.sh TAG STEPS
-# STEPS: comma list of pytest | ab | bench | e2e=STAGES (gpu_session.py's --stages, '+' = side by side, e.g.
+# STEPS: comma list of pytest | ab (needs a reference copy of csrc/ in benchmarks/_ab_old/) | bench | e2e=STAGES (gpu_session.py's --stages, '+' = side by side, e.g.
 # e2e=B+C1,C2,C3 -- the last item of the list, since it contains commas). Setup (DeepSpeed wheels from .whl/, versions)
 # always runs and is idempotent. Everything lands in /tmp/gs/out_TAG and, packed, in $OUT/TAG.tgz plus $OUT/TAG.log.
 # benchmarks/report_gpu.py turns the unpacked folder into benchmarks/results/.
@@ -83,8 +83,11 @@ import time, torch; torch.cuda.init(); t = time.time()
 from deepspeed_zeropp.backends import cuda
 error = cuda.load_error(); print('ours: build/load %.1f s, error: %s' % (time.time() - t, error)); raise SystemExit(error is not None)"
 then
-    echo "csrc/ does not build: reverting csrc/quantize.cu to benchmarks/_ab_old/" | tee "$R/ab_decision.txt"
-    cp benchmarks/_ab_old/quantize.cu csrc/quantize.cu
+    echo "csrc/ does not build" | tee "$R/ab_decision.txt"
+    if [ -f benchmarks/_ab_old/quantize.cu ]; then  # an A/B candidate that fails: fall back to the reference copy
+        echo "reverting csrc/quantize.cu to benchmarks/_ab_old/" | tee -a "$R/ab_decision.txt"
+        cp benchmarks/_ab_old/quantize.cu csrc/quantize.cu
+    fi
 fi
 
 IFS=',' read -r -a items <<< "${STEPS%%e2e=*}"

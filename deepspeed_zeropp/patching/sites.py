@@ -13,7 +13,7 @@ PARTITION_PARAMETERS = "deepspeed.runtime.zero.partition_parameters"
 STAGE3 = "deepspeed.runtime.zero.stage3"
 UPSTREAM_DTYPE_FIX = "0.19.6"  # DeepSpeed PR #8215: fp16 detour in the quantizer, dtype= at five sites
 
-OLDEST_SUPPORTED = "0.16.0"
+OLDEST_SUPPORTED = "0.14.4"
 NEWEST_KNOWN = "0.19.8"
 
 

@@ -49,8 +49,20 @@ def gpt2(dtype):
     return GPT2LMHeadModel(GPT2Config(n_positions=GPT2_SEQ)).to(dtype)
 
 
+def llama_lora(dtype):
+    """A small Llama-architecture model from a LlamaConfig with PEFT LoRA adapters on q/v projections: the
+    base is ``dtype`` and frozen by PEFT, the adapters keep PEFT's default dtype (fp32)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2 * SEQ)
+    base = LlamaForCausalLM(config).to(dtype)
+    return get_peft_model(base, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]))
+
+
 GPT2_SEQ = 256
-BUILDERS = {"bert": bert, "mixed": lambda dtype: MixedMLP(), "gpt2": gpt2}
+BUILDERS = {"bert": bert, "mixed": lambda dtype: MixedMLP(), "gpt2": gpt2, "llama_lora": llama_lora}
+CAUSAL_LM = {"gpt2": (50257, GPT2_SEQ), "llama_lora": (VOCAB, SEQ)}
 
 
 def build(name, dtype):
@@ -62,8 +74,9 @@ def build(name, dtype):
 def batch(model, step, rank, batch_size=4):
     """The same batch for the same (model, step, rank) in every run, quantized or not."""
     generator = torch.Generator().manual_seed(1000 * step + rank)
-    if model == "gpt2":
-        input_ids = torch.randint(0, 50257, (batch_size, GPT2_SEQ), generator=generator)
+    if model in CAUSAL_LM:
+        vocab, seq = CAUSAL_LM[model]
+        input_ids = torch.randint(0, vocab, (batch_size, seq), generator=generator)
         return {"input_ids": input_ids, "labels": input_ids}
     input_ids = torch.randint(1, VOCAB, (batch_size, SEQ), generator=generator)
     labels = torch.randint(0, 2, (batch_size, ), generator=generator)

@@ -22,6 +22,10 @@ def ds_config(run, dtype):
     }
     if run.get("sequential"):
         zero["stage3_allgather_sequential"] = True
+    if run.get("checkpoint"):
+        # Without prefetching every step gathers the same buckets, so a fresh engine quantizes exactly as the
+        # saved one did (qwZ groups span a whole bucket) and the next-step losses can be compared for equality.
+        zero["stage3_prefetch_bucket_size"] = 0
     if run.get("hpz"):
         zero["zero_hpz_partition_size"] = run["hpz"]
     return {
@@ -112,11 +116,12 @@ def apply_patch(spec, run):
         apply.patch(backend=spec.get("backend", "auto"), exclude=run.get("exclude_sites", ()))
 
 
-def build_model(spec, run, dtype):
+def build_model(spec, run):
     """The model, built plainly or under ``zero.Init()`` without a config (partitioned at construction), and a
     full copy of its initial parameters for the value checks."""
     import deepspeed
     torch.manual_seed(spec.get("seed", 0))
+    dtype = DTYPES[spec.get("model_dtype", spec["dtype"])]  # a bf16 model may train under an fp32 config
     if not run.get("zero_init"):
         return models.build(spec["model"], dtype), ForwardChecks
     with deepspeed.zero.Init():
@@ -142,11 +147,9 @@ def gathered_check(engine, checks):
             checks._compare(f"GatheredParameters({name})", frozen[0].detach().float().view(original.shape), original)
 
 
-def train(run, spec, rank):
+def make_engine(spec, run, dtype):
     import deepspeed
-    dtype = DTYPES[spec["dtype"]]
-    apply_patch(spec, run)
-    model, make_checks = build_model(spec, run, dtype)
+    model, make_checks = build_model(spec, run)
     freeze(model, spec.get("frozen", []))
     checks = make_checks(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -155,6 +158,52 @@ def train(run, spec, rank):
     if run.get("freeze_after_init"):  # the LoRA flow upstream documents for quantize_nontrainable_params
         freeze(engine.module, run["freeze_after_init"])
         engine.optimizer.quantize_nontrainable_params()
+    return engine, checks
+
+
+def train_step(engine, spec, step, rank):
+    """One optimizer step; returns the loss averaged over ranks and the step's wall time in ms."""
+    batch = {k: v.to(engine.device) for k, v in models.batch(spec["model"], step, rank).items()}
+    start = time.perf_counter()
+    loss = engine(**batch)["loss"]
+    engine.backward(loss)
+    engine.step()
+    mean = loss.detach().float().clone()
+    torch.distributed.all_reduce(mean)  # also waits for the step to finish on every rank
+    return mean.item() / torch.distributed.get_world_size(), (time.perf_counter() - start) * 1000
+
+
+def partitions(engine):
+    """This rank's stored partitions (int8 codes and scales for MixZ++), by parameter name."""
+    stored = {}
+    for name, param in engine.module.named_parameters():
+        stored[name] = param.ds_tensor.detach().clone()
+        if hasattr(param.ds_tensor, "ds_quant_scale"):
+            stored[name + ".scale"] = param.ds_tensor.ds_quant_scale.detach().clone()
+    return stored
+
+
+def checkpoint_round_trip(engine, spec, run, dtype, rank):
+    """save_checkpoint, then a fresh engine loads it: same partitions, same loss on the next step."""
+    directory = os.path.join(os.path.dirname(spec["out"]), f"ckpt-{run['name']}")
+    engine.save_checkpoint(directory, tag="step")
+    before = partitions(engine)
+    steps = spec.get("steps", 5)
+    loss_saved, _ = train_step(engine, spec, steps, rank)
+    fresh, _ = make_engine(spec, run, dtype)
+    fresh.load_checkpoint(directory, tag="step")
+    fresh.empty_partition_cache()  # loading leaves some parameters gathered (unquantized); release them
+    after = partitions(fresh)
+    mismatched = [k for k in before if k not in after or not torch.equal(before[k], after[k])]
+    loss_loaded, _ = train_step(fresh, spec, steps, rank)
+    return {"mismatched": mismatched, "compared": len(before), "next_loss_saved": loss_saved,
+            "next_loss_loaded": loss_loaded}
+
+
+def train(run, spec, rank):
+    dtype = DTYPES[spec["dtype"]]
+    apply_patch(spec, run)
+    engine, checks = make_engine(spec, run, dtype)
     if spec.get("checks", True):  # off for step-time measurements only
         checks.attach(engine.module)
     counters = Counters()
@@ -162,21 +211,15 @@ def train(run, spec, rank):
     losses, step_ms = [], []
     try:
         for step in range(spec.get("steps", 5)):
-            batch = {k: v.to(engine.device) for k, v in models.batch(spec["model"], step, rank).items()}
-            start = time.perf_counter()
-            loss = engine(**batch)["loss"]
-            engine.backward(loss)
-            engine.step()
-            mean = loss.detach().float().clone()
-            torch.distributed.all_reduce(mean)  # also waits for the step to finish on every rank
-            losses.append(mean.item() / torch.distributed.get_world_size())
-            step_ms.append((time.perf_counter() - start) * 1000)
+            loss, ms = train_step(engine, spec, step, rank)
+            losses.append(loss)
+            step_ms.append(ms)
             checks.trained = True
         if run.get("gathered_check"):
             gathered_check(engine, checks)
     finally:
         counters.remove()
-    return {
+    result = {
         "losses": losses,
         "step_ms": step_ms,
         "forward_checks": checks.checks,
@@ -185,6 +228,9 @@ def train(run, spec, rank):
         "max_rel_error": checks.max_rel_error,
         "counts": counters.counts,
     }
+    if run.get("checkpoint"):
+        result["checkpoint"] = checkpoint_round_trip(engine, spec, run, dtype, rank)
+    return result
 
 
 def main(spec_path):

@@ -4,7 +4,10 @@ Each release is installed into its own directory (``--target``, no dependencies:
 has what they need) and put first on PYTHONPATH for one pytest run. The per-test outcomes become the README's
 support table (between the ``support-table`` markers) and tests/compat/support_table.md.
 
-    python -m tests.compat.matrix [--versions 0.16.9 0.19.8] [--no-readme]
+    python -m tests.compat.matrix [--versions 0.14.4 0.19.8] [--no-readme]
+
+The DeepSpeed installed in the running environment is not reinstalled: its outcomes come from the last plain
+``pytest`` run (pytest.ini writes .compat/junit-installed.xml) when that run exists, else from a fresh run.
 """
 import argparse
 import os
@@ -42,11 +45,24 @@ def install(version):
     return target
 
 
+def installed_version():
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("deepspeed")
+    except PackageNotFoundError:
+        return None
+
+
 def run_tests(version, target):
     junit = CACHE / f"junit-{version}.xml"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target), str(ROOT)]), DS_ACCELERATOR="cpu")
+    paths = [str(ROOT)] if target is None else [str(target), str(ROOT)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), DS_ACCELERATOR="cpu")
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
                     "tests/unit", "tests/dist"], cwd=ROOT, env=env)
+    return read_junit(junit)
+
+
+def read_junit(junit):
     outcomes = {}
     for case in ET.parse(junit).iter("testcase"):
         test_id = f"{case.get('classname')}.{case.get('name')}"
@@ -88,9 +104,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     CACHE.mkdir(exist_ok=True)
     results = {}
+    installed_junit = CACHE / "junit-installed.xml"
     for version in args.versions or versions_from_file():
         print(f"== DeepSpeed {version}", flush=True)
-        results[version] = run_tests(version, install(version))
+        if version == installed_version():
+            results[version] = read_junit(installed_junit) if installed_junit.exists() else run_tests(version, None)
+        else:
+            results[version] = run_tests(version, install(version))
     table = render(results)
     TABLE.write_text(table)
     if not args.no_readme:

@@ -18,7 +18,8 @@ def pp():
 
 
 def current(pp, site):
-    return getattr(pp, site.owner).__dict__.get(site.attr)
+    import importlib
+    return getattr(importlib.import_module(site.module), site.owner).__dict__.get(site.attr)
 
 
 def test_patch_reports_every_site(pp):
@@ -66,7 +67,7 @@ def test_version_outside_supported_range(pp, monkeypatch):
         deepspeed_zeropp.patch()
     monkeypatch.setattr(deepspeed, "__version__", "9.0.0")
     with pytest.warns(UserWarning, match=r"9\.0\.0 is newer than the newest release"):
-        deepspeed_zeropp.patch()
+        deepspeed_zeropp.patch(strict=False)
 
 
 def test_unknown_backend_is_rejected():
