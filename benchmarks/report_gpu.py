@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import bench_kernels  # noqa: E402
+sys.path.insert(0, str(HERE.parent))
+from deepspeed_zeropp import bench as bench_kernels  # noqa: E402
 
 WARMUP_STEPS = 5
 
