@@ -43,8 +43,14 @@ setup(
     packages=find_packages(include=["deepspeed_zeropp", "deepspeed_zeropp.*"]),
     python_requires=">=3.9",
     install_requires=requirements("runtime.txt"),
-    extras_require={"deepspeed": requirements("deepspeed.txt"), "dev": requirements("dev.txt")},
+    extras_require={
+        "deepspeed": requirements("deepspeed.txt"),
+        "dev": requirements("dev.txt")
+    },
     entry_points={"console_scripts": ["deepspeed-zeropp=deepspeed_zeropp.cli:main"]},
-    cmdclass={"build_py": BuildPyWithExtras, "develop": DevelopWithPth},
+    cmdclass={
+        "build_py": BuildPyWithExtras,
+        "develop": DevelopWithPth
+    },
     license="Apache-2.0",
 )

@@ -31,8 +31,13 @@ def load_old(source_dir):
     src = Path(source_dir)
     build = tempfile.mkdtemp(prefix="dszpp_ab_old_")
     start = time.perf_counter()
-    module = load(name="dszpp_ab_old", sources=[str(src / n) for n in new.SOURCES], extra_include_paths=[str(src)],
-                  extra_cflags=["-O3"], extra_cuda_cflags=["-O3"], build_directory=build, verbose=False)
+    module = load(name="dszpp_ab_old",
+                  sources=[str(src / n) for n in new.SOURCES],
+                  extra_include_paths=[str(src)],
+                  extra_cflags=["-O3"],
+                  extra_cuda_cflags=["-O3"],
+                  build_directory=build,
+                  verbose=False)
     return module, time.perf_counter() - start
 
 
@@ -119,7 +124,8 @@ def main():
         row["q_graph_s"] = graph_call_seconds(lambda x: new.quantize(x, groups), xs)
         row["dq_graph_s"] = graph_call_seconds(lambda w: new.dequantize(w[0], w[1], numel // groups, dtype), wires)
         row["copy_graph_s"] = graph_call_seconds(lambda x: x.clone(), xs)
-        row["q_eager_s"] = statistics.median(mean_call_seconds(lambda x: new.quantize(x, groups), xs) for _ in range(7))
+        row["q_eager_s"] = statistics.median(
+            mean_call_seconds(lambda x: new.quantize(x, groups), xs) for _ in range(7))
         row["copy_eager_s"] = statistics.median(mean_call_seconds(lambda x: x.clone(), xs) for _ in range(7))
         row["empty_eager_s"] = statistics.median(
             mean_call_seconds(lambda x: torch.empty(numel, dtype=dtype, device="cuda"), xs) for _ in range(7))

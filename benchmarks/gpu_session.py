@@ -49,7 +49,9 @@ launch.tempfile = types.SimpleNamespace(mkdtemp=_mkdtemp)
 def version_env(ds_root, version):
     root = Path(ds_root)
     return {
-        "PYTHONPATH": os.pathsep.join([str(root / f"ds-{version}"), str(root / "site"), str(REPO_ROOT)]),
+        "PYTHONPATH": os.pathsep.join([str(root / f"ds-{version}"),
+                                       str(root / "site"),
+                                       str(REPO_ROOT)]),
         "TORCH_EXTENSIONS_DIR": str(root / f"tx-{version}"),
         "TORCH_CUDA_ARCH_LIST": "9.0",
         "NCCL_NVLS_ENABLE": "0",
@@ -63,7 +65,10 @@ def job(label, spec, device, version, ds_root, timeout):
     record = {"label": label, "spec": spec, "device": device, "deepspeed_requested": version}
     start = time.monotonic()
     try:
-        record["result"] = launch.run_job(spec, world_size=2, timeout=timeout, env=version_env(ds_root, version),
+        record["result"] = launch.run_job(spec,
+                                          world_size=2,
+                                          timeout=timeout,
+                                          env=version_env(ds_root, version),
                                           device=device)
     except Exception as exc:
         record["job_error"] = f"{type(exc).__name__}: {str(exc)[-6000:]}"
@@ -97,13 +102,23 @@ def job(label, spec, device, version, ds_root, timeout):
 
 
 def spec(model, dtype, patch, steps, checks=True, runs=RUNS, seed=0):
-    return {"model": model, "dtype": dtype, "patch": patch, "backend": "auto", "steps": steps, "seed": seed,
-            "checks": checks, "runs": runs}
+    return {
+        "model": model,
+        "dtype": dtype,
+        "patch": patch,
+        "backend": "auto",
+        "steps": steps,
+        "seed": seed,
+        "checks": checks,
+        "runs": runs
+    }
 
 
 def stage_b(ds_root):
-    return [job("B bert bf16 cuda-shared 0.19.8 patched", spec("bert", "bf16", True, 20), "cuda-shared", "0.19.8",
-                ds_root, 300)]
+    return [
+        job("B bert bf16 cuda-shared 0.19.8 patched", spec("bert", "bf16", True, 20), "cuda-shared", "0.19.8", ds_root,
+            300)
+    ]
 
 
 def stage_c1(ds_root):
@@ -160,6 +175,7 @@ def main():
             futures = {name: pool.submit(STAGES[name], args.ds_root) for name in names}
         for name, future in futures.items():
             (args.out / f"stage_{name}.json").write_text(json.dumps(future.result(), indent=1))
+
 
 if __name__ == "__main__":
     main()

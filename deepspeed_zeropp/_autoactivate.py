@@ -43,8 +43,10 @@ class _PatchingLoader(importlib.abc.Loader):
         backend = os.environ.get("DEEPSPEED_ZEROPP_BACKEND", "auto")
         report = deepspeed_zeropp.patch(backend=backend)
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"[deepspeed_zeropp] active via {ENV}=1: {len(report.patched)} sites patched on DeepSpeed "
-                  f"{report.deepspeed_version} (backend {backend})", file=sys.stderr)
+            print(
+                f"[deepspeed_zeropp] active via {ENV}=1: {len(report.patched)} sites patched on DeepSpeed "
+                f"{report.deepspeed_version} (backend {backend})",
+                file=sys.stderr)
 
 
 def activate_from_environment():

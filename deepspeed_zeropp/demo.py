@@ -37,14 +37,14 @@ def run(steps=5, device="auto"):
     print(f"\nDeepSpeed {ours['deepspeed']}, torch {ours['torch']}\n")
     print(f"{'step':>4}  {'unquantized':>11}  {'patched qwZ':>11}  {'|diff|':>7}  {'without patch':<40}")
     for step, (ref, loss) in enumerate(zip(baseline["losses"], patched["losses"])):
-        upstream_cell = (f"{unpatched['losses'][step]:.4f}" if "losses" in unpatched else
-                         unpatched["error"][:60] if step == 0 else "")
+        upstream_cell = (f"{unpatched['losses'][step]:.4f}"
+                         if "losses" in unpatched else unpatched["error"][:60] if step == 0 else "")
         print(f"{step:>4}  {ref:>11.4f}  {loss:>11.4f}  {abs(loss - ref):>7.4f}  {upstream_cell:<40}")
     kept = not patched["dtype_errors"]
     print(f"\ndtypes at every forward: {'all bf16, as created' if kept else patched['dtype_errors']} "
           f"({patched['forward_checks']} parameter checks)")
     print(f"quantized all-gathers: {patched['counts']}")
-    print("gathered weights vs the originals, at every forward before training: "
-          + ("within the int8 bound" if not patched["value_errors"] else f"OUT OF BOUND {patched['value_errors']}"))
+    print("gathered weights vs the originals, at every forward before training: " +
+          ("within the int8 bound" if not patched["value_errors"] else f"OUT OF BOUND {patched['value_errors']}"))
     print(f"[demo] done in {time.monotonic() - started:.0f} s")
     return 0 if kept and not patched["value_errors"] else 1

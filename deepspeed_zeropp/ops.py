@@ -58,7 +58,8 @@ def dequantize_segments(codes, scales, segments, dtype=None, backend="auto"):
     check_float_dtype(dtype, "dequantize output")
     flat_codes, flat_scales = codes.contiguous().view(-1), scales.reshape(-1).to(codes.device)
     if sum(g * e for g, e in segments) != flat_codes.numel() or sum(g for g, _ in segments) != flat_scales.numel():
-        raise ValueError(f"segments {segments} do not cover {flat_codes.numel()} codes and {flat_scales.numel()} scales")
+        raise ValueError(
+            f"segments {segments} do not cover {flat_codes.numel()} codes and {flat_scales.numel()} scales")
     impl = resolve_backend(backend, codes.device)
     out = torch.empty(flat_codes.numel(), dtype=dtype, device=codes.device)
     code_at = scale_at = 0

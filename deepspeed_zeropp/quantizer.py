@@ -33,9 +33,15 @@ class QuantizerMethods:
             return ops.dequantize(quantized_param, scale, dtype, backend=QuantizerMethods.backend)
         dtype = dtype or target.dtype
         if target.segments:
-            return ops.dequantize_segments(quantized_param, scale, target.segments, dtype,
+            return ops.dequantize_segments(quantized_param,
+                                           scale,
+                                           target.segments,
+                                           dtype,
                                            backend=QuantizerMethods.backend)
-        return ops.dequantize(quantized_param, scale, dtype, group_size=target.group_size,
+        return ops.dequantize(quantized_param,
+                              scale,
+                              dtype,
+                              group_size=target.group_size,
                               backend=QuantizerMethods.backend)
 
     @staticmethod

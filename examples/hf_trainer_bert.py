@@ -48,20 +48,35 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--output_dir", default="/tmp/hf_trainer_zeropp")
     args = parser.parse_args()
-    training_args = TrainingArguments(output_dir=args.output_dir, deepspeed=args.deepspeed, bf16=True,
-                                      per_device_train_batch_size=4, max_steps=args.steps, logging_steps=1,
-                                      learning_rate=1e-4, report_to=[], save_strategy="no", seed=0,
+    training_args = TrainingArguments(output_dir=args.output_dir,
+                                      deepspeed=args.deepspeed,
+                                      bf16=True,
+                                      per_device_train_batch_size=4,
+                                      max_steps=args.steps,
+                                      logging_steps=1,
+                                      learning_rate=1e-4,
+                                      report_to=[],
+                                      save_strategy="no",
+                                      seed=0,
                                       use_cpu=not torch.cuda.is_available())
-    config = BertConfig(vocab_size=2049, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                        intermediate_size=1024, max_position_embeddings=64, num_labels=2)
+    config = BertConfig(vocab_size=2049,
+                        hidden_size=256,
+                        num_hidden_layers=4,
+                        num_attention_heads=4,
+                        intermediate_size=1024,
+                        max_position_embeddings=64,
+                        num_labels=2)
     model = AutoModelForSequenceClassification.from_config(config, torch_dtype=torch.bfloat16)
     probe = DtypeProbe(model)
     trainer = Trainer(model=model, args=training_args, train_dataset=RandomTokens())
     trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     from deepspeed.runtime.zero.partition_parameters import CUDAQuantizer
-    result = {"losses": losses, "dtypes_seen": sorted(probe.seen),
-              "zeropp_active": bool(getattr(CUDAQuantizer.quantize, "__deepspeed_zeropp__", False))}
+    result = {
+        "losses": losses,
+        "dtypes_seen": sorted(probe.seen),
+        "zeropp_active": bool(getattr(CUDAQuantizer.quantize, "__deepspeed_zeropp__", False))
+    }
     if int(os.environ.get("RANK", "0")) == 0:
         print("RESULT " + json.dumps(result), flush=True)
 

@@ -34,8 +34,13 @@ def main():
         losses.append(loss.item())
     from deepspeed.runtime.zero.partition_parameters import CUDAQuantizer
     if engine.global_rank == 0:
-        print("RESULT " + json.dumps({"losses": losses, "dtypes": sorted(dtypes), "zeropp_active": bool(
-            getattr(CUDAQuantizer.quantize, "__deepspeed_zeropp__", False))}), flush=True)
+        print("RESULT " +
+              json.dumps({
+                  "losses": losses,
+                  "dtypes": sorted(dtypes),
+                  "zeropp_active": bool(getattr(CUDAQuantizer.quantize, "__deepspeed_zeropp__", False))
+              }),
+              flush=True)
 
 
 if __name__ == "__main__":

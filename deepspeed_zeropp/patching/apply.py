@@ -72,8 +72,9 @@ def _detail(site, version):
 
 
 def _patch_site(site, version):
-    owner = getattr(importlib.import_module(site.module), site.owner, None)
-    if not isinstance(owner, type):
+    module = importlib.import_module(site.module)
+    owner = module if site.owner is None else getattr(module, site.owner, None)
+    if owner is not module and not isinstance(owner, type):
         return None
     original = owner.__dict__.get(site.attr, _MISSING)
     if original is _MISSING and not site.adds:

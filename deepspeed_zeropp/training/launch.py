@@ -22,18 +22,21 @@ def _extensions_dir():
     """DeepSpeed's CPU accelerator JIT-builds a shared-memory op under a fixed name; builds from different
     DeepSpeed releases must not share a cache directory, or one release loads another's incompatible op."""
     from importlib.metadata import version
-    return os.path.join(os.path.expanduser("~"), ".cache", "deepspeed_zeropp", f"torch_extensions_ds{version('deepspeed')}")
+    return os.path.join(os.path.expanduser("~"), ".cache", "deepspeed_zeropp",
+                        f"torch_extensions_ds{version('deepspeed')}")
 
 
 DEVICES = ("cpu", "cuda-shared", "cuda")
 
 
-def run_job(spec, world_size=2, timeout=600, env=None, device="cpu"):
+def run_job(spec, world_size=2, timeout=600, env=None, device="cpu", local_size=None):
     """Run ``spec`` (see worker.py) on ``world_size`` local ranks; return rank 0's results dict.
 
     ``device``: "cpu" (DeepSpeed's CPU accelerator, gloo), "cuda-shared" (every rank on GPU 0, gloo: several
     ranks on a one-GPU machine; NCCL refuses that) or "cuda" (one GPU per rank, NCCL). Raises JobFailed with the
-    ranks' output tails if a rank crashes, hangs past ``timeout`` seconds, or rank 0 writes no result."""
+    ranks' output tails if a rank crashes, hangs past ``timeout`` seconds, or rank 0 writes no result.
+    ``local_size``: ranks per "node" on CPU (DeepSpeed's CPU accelerator counts devices from LOCAL_SIZE); fewer
+    than ``world_size`` makes several nodes, which is when ZeRO++ qgZ runs."""
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
     workdir = tempfile.mkdtemp(prefix="deepspeed_zeropp_job_")
@@ -42,8 +45,12 @@ def run_job(spec, world_size=2, timeout=600, env=None, device="cpu"):
     with open(spec_path, "w") as f:
         json.dump(spec, f)
     base_env = dict(os.environ, **(env or {}))
-    base_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world_size),
-                    LOCAL_SIZE=str(world_size), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    base_env.update(MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(_free_port()),
+                    WORLD_SIZE=str(world_size),
+                    LOCAL_SIZE=str(local_size or world_size),
+                    OMP_NUM_THREADS="1",
+                    PYTHONUNBUFFERED="1")
     base_env.setdefault("TORCH_EXTENSIONS_DIR", _extensions_dir())
     if device == "cpu":
         base_env["DS_ACCELERATOR"] = "cpu"
@@ -51,8 +58,11 @@ def run_job(spec, world_size=2, timeout=600, env=None, device="cpu"):
     for rank in range(world_size):
         log = open(os.path.join(workdir, f"rank{rank}.log"), "w+")
         rank_env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(0 if device == "cuda-shared" else rank))
-        procs.append(subprocess.Popen([sys.executable, "-m", "deepspeed_zeropp.training.worker", spec_path],
-                                      env=rank_env, stdout=log, stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen([sys.executable, "-m", "deepspeed_zeropp.training.worker", spec_path],
+                             env=rank_env,
+                             stdout=log,
+                             stderr=subprocess.STDOUT))
         logs.append(log)
     deadline = time.monotonic() + timeout
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:

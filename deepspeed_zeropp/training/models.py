@@ -9,8 +9,13 @@ def bert(dtype, layers=4, hidden=256):
     """The DeepSpeed #7775 shape: BertForSequenceClassification from a BertConfig. With hidden 256 and vocab
     1024 several partitions at 2 ranks are not multiples of 8 (257 and others): upstream asserts on them."""
     from transformers import BertConfig, BertForSequenceClassification
-    config = BertConfig(vocab_size=VOCAB + 1, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
-                        intermediate_size=4 * hidden, max_position_embeddings=64, num_labels=2)
+    config = BertConfig(vocab_size=VOCAB + 1,
+                        hidden_size=hidden,
+                        num_hidden_layers=layers,
+                        num_attention_heads=4,
+                        intermediate_size=4 * hidden,
+                        max_position_embeddings=64,
+                        num_labels=2)
     return BertForSequenceClassification(config).to(dtype)
 
 
@@ -54,8 +59,13 @@ def llama_lora(dtype):
     base is ``dtype`` and frozen by PEFT, the adapters keep PEFT's default dtype (fp32)."""
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2 * SEQ)
+    config = LlamaConfig(vocab_size=VOCAB,
+                         hidden_size=128,
+                         intermediate_size=344,
+                         num_hidden_layers=2,
+                         num_attention_heads=4,
+                         num_key_value_heads=2,
+                         max_position_embeddings=2 * SEQ)
     base = LlamaForCausalLM(config).to(dtype)
     return get_peft_model(base, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]))
 

@@ -24,8 +24,8 @@ class UpstreamOpStandIn:
 
     @staticmethod
     def dequantize(codes, scales, groups, num_bits, quant_type):
-        return torch_ref.dequantize(codes.view(-1), scales.view(-1), codes.numel() // groups,
-                                    torch.float16).view(codes.shape)
+        return torch_ref.dequantize(codes.view(-1), scales.view(-1),
+                                    codes.numel() // groups, torch.float16).view(codes.shape)
 
 
 def install():

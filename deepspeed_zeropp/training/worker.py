@@ -26,14 +26,20 @@ def ds_config(run, dtype):
         # Without prefetching every step gathers the same buckets, so a fresh engine quantizes exactly as the
         # saved one did (qwZ groups span a whole bucket) and the next-step losses can be compared for equality.
         zero["stage3_prefetch_bucket_size"] = 0
+    if run.get("quantized_gradients"):
+        zero["zero_quantized_gradients"] = True
     if run.get("hpz"):
         zero["zero_hpz_partition_size"] = run["hpz"]
     return {
         "train_micro_batch_size_per_gpu": 4,
         "gradient_accumulation_steps": 1,
         "zero_optimization": zero,
-        "bf16": {"enabled": dtype == torch.bfloat16},
-        "fp16": {"enabled": dtype == torch.float16},
+        "bf16": {
+            "enabled": dtype == torch.bfloat16
+        },
+        "fp16": {
+            "enabled": dtype == torch.float16
+        },
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
     }
@@ -58,7 +64,8 @@ class Counters:
         self._restore.append((owner, attr, original))
 
     def install(self):
-        from deepspeed.runtime.zero import partition_parameters as pp
+        from deepspeed.runtime.zero import partition_parameters as pp, stage3
+        self.spy(stage3, "all_to_all_quant_reduce", "quantized_gradient_reductions")
         self.spy(pp.CUDAQuantizer, "quantize", "quantize")
         self.spy(pp.CUDAQuantizer, "dequantize", "dequantize")
         self.spy(pp.AllGatherHandle, "wait", "quantized_single_gathers",
@@ -76,7 +83,10 @@ class ForwardChecks:
     the originals within the int8 bound wherever they cannot have been trained yet (frozen, or before step 1)."""
 
     def __init__(self, model):
-        self.expected = {p: (n, p.dtype, p.detach().float().clone(), p.requires_grad) for n, p in model.named_parameters()}
+        self.expected = {
+            p: (n, p.dtype, p.detach().float().clone(), p.requires_grad)
+            for n, p in model.named_parameters()
+        }
         self.checks = 0
         self.dtype_errors = []
         self.value_errors = []
@@ -196,8 +206,42 @@ def checkpoint_round_trip(engine, spec, run, dtype, rank):
     after = partitions(fresh)
     mismatched = [k for k in before if k not in after or not torch.equal(before[k], after[k])]
     loss_loaded, _ = train_step(fresh, spec, steps, rank)
-    return {"mismatched": mismatched, "compared": len(before), "next_loss_saved": loss_saved,
-            "next_loss_loaded": loss_loaded}
+    return {
+        "mismatched": mismatched,
+        "compared": len(before),
+        "next_loss_saved": loss_saved,
+        "next_loss_loaded": loss_loaded
+    }
+
+
+def qgz_check(run, spec, rank):
+    """qgZ's reduce-scatter on random gradients against the exact mean (fp64), per dtype and size."""
+    from deepspeed.runtime.zero import stage3
+    from deepspeed.utils import groups
+    apply_patch(spec, run)
+    world = torch.distributed.get_world_size()
+    all_to_all_groups = groups._get_local_all_to_all_group()
+    report = []
+    for dtype_name, shape in run["cases"]:
+        generator = torch.Generator().manual_seed(17 * rank + len(report))
+        gradient = (torch.randn(shape, generator=generator) * run.get("scale", 1.0)).to(DTYPES[dtype_name])
+        reduced = stage3.all_to_all_quant_reduce([gradient], all_to_all_groups)[0]
+        everyone = [torch.empty_like(gradient) for _ in range(world)]
+        torch.distributed.all_gather(everyone, gradient)
+        mean = torch.stack([g.double() for g in everyone]).mean(dim=0).reshape(-1)
+        chunk = -(-mean.numel() // world)
+        expected = mean[rank * chunk:(rank + 1) * chunk]
+        largest = max(g.double().abs().max().item() for g in everyone)
+        error = (reduced.double() - expected).abs()
+        report.append({
+            "dtype": str(reduced.dtype),
+            "numel": reduced.numel(),
+            "expected_numel": expected.numel(),
+            "max_error_of_largest": error.max().item() / largest,
+            "rms_error_of_rms": (error.pow(2).mean() / expected.pow(2).mean()).sqrt().item(),
+            "finite": bool(torch.isfinite(reduced).all())
+        })
+    return {"cases": report}
 
 
 def train(run, spec, rank):
@@ -254,10 +298,12 @@ def main(spec_path):
     results = {"deepspeed": deepspeed.__version__, "torch": torch.__version__, "report": str(report), "runs": {}}
     for run in spec["runs"]:
         try:
-            results["runs"][run["name"]] = train(run, spec, rank)
+            results["runs"][run["name"]] = (qgz_check if run.get("qgz_check") else train)(run, spec, rank)
         except Exception as error:  # recorded, not hidden: the caller asserts on it
-            results["runs"][run["name"]] = {"error": f"{type(error).__name__}: {error}",
-                                            "traceback": traceback.format_exc()[-3000:]}
+            results["runs"][run["name"]] = {
+                "error": f"{type(error).__name__}: {error}",
+                "traceback": traceback.format_exc()[-3000:]
+            }
             break  # ranks may now disagree on collectives; stop here
     if rank == 0:
         with open(spec["out"], "w") as f:

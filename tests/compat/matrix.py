@@ -40,8 +40,12 @@ def versions_from_file():
 def install(version):
     target = CACHE / f"ds-{version}"
     if not (target / "deepspeed").is_dir():
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
-                        str(target), f"deepspeed=={version}"], check=True, env=dict(os.environ, DS_BUILD_OPS="0"))
+        subprocess.run([
+            sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
+            str(target), f"deepspeed=={version}"
+        ],
+                       check=True,
+                       env=dict(os.environ, DS_BUILD_OPS="0"))
     return target
 
 
@@ -57,8 +61,12 @@ def run_tests(version, target):
     junit = CACHE / f"junit-{version}.xml"
     paths = [str(ROOT)] if target is None else [str(target), str(ROOT)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), DS_ACCELERATOR="cpu")
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-                    "tests/unit", "tests/dist"], cwd=ROOT, env=env)
+    subprocess.run([
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", "tests/unit",
+        "tests/dist"
+    ],
+                   cwd=ROOT,
+                   env=env)
     return read_junit(junit)
 
 

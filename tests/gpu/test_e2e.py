@@ -10,13 +10,30 @@ if not torch.cuda.is_available():
 from deepspeed_zeropp.training.launch import run_job  # noqa: E402
 from tests.dist.test_training import assert_trained_like_baseline  # noqa: E402
 
-RUNS = [{"name": "baseline"}, {"name": "qwz", "quantized": True},
-        {"name": "mixz", "quantized_nontrainable": True, "quantized": True}]
-SPEC = {"model": "bert", "dtype": "bf16", "patch": True, "steps": 10, "seed": 0, "frozen": ["embeddings"],
-        "runs": RUNS}
+RUNS = [{
+    "name": "baseline"
+}, {
+    "name": "qwz",
+    "quantized": True
+}, {
+    "name": "mixz",
+    "quantized_nontrainable": True,
+    "quantized": True
+}]
+SPEC = {
+    "model": "bert",
+    "dtype": "bf16",
+    "patch": True,
+    "steps": 10,
+    "seed": 0,
+    "frozen": ["embeddings"],
+    "runs": RUNS
+}
 
-DEVICES = ["cuda-shared", pytest.param("cuda", marks=pytest.mark.skipif(torch.cuda.device_count() < 2,
-                                                                        reason="needs 2 GPUs for NCCL"))]
+DEVICES = [
+    "cuda-shared",
+    pytest.param("cuda", marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs for NCCL"))
+]
 
 
 @pytest.mark.parametrize("device", DEVICES)

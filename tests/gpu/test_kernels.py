@@ -230,8 +230,16 @@ def test_fp16_matches_deepspeed_op(deepspeed_quantizer):
     reciprocal) division; ours rounds both correctly. Each approximate division is within 2 ulp, so its stored scale
     can be up to 3 ulp from ours, and a code can then differ by 1 where x * multiplier lies next to a .5 tie. The
     dequantize kernel is a plain product: on the same codes and scales it must agree exactly."""
-    totals = {"groups": 0, "scale_diff": 0, "codes": 0, "code_diff": 0, "dequant": 0, "dequant_diff": 0,
-              "max_scale_ulp": 0, "max_code_diff": 0}
+    totals = {
+        "groups": 0,
+        "scale_diff": 0,
+        "codes": 0,
+        "code_diff": 0,
+        "dequant": 0,
+        "dequant_diff": 0,
+        "max_scale_ulp": 0,
+        "max_code_diff": 0
+    }
     for name, x, groups in fp16_cases():
         ds_codes, ds_scales = deepspeed_quantizer.quantize(x, groups, 8, deepspeed_quantizer.Symmetric)
         codes, scales = cuda_backend.quantize(x, groups)

@@ -14,8 +14,9 @@ IDS = ["fp16", "bf16", "fp32"]
 
 def assert_bitwise_equal(actual, expected):
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    assert torch.equal(actual.view(-1).view(torch.uint8) if actual.dtype != torch.int8 else actual,
-                       expected.view(-1).view(torch.uint8) if expected.dtype != torch.int8 else expected)
+    assert torch.equal(
+        actual.view(-1).view(torch.uint8) if actual.dtype != torch.int8 else actual,
+        expected.view(-1).view(torch.uint8) if expected.dtype != torch.int8 else expected)
 
 
 def check_against_naive(x, groups=None):
@@ -119,8 +120,12 @@ magnitudes = st.sampled_from([1e-30, 1e-20, 1e-8, 1e-4, 1.0, 1e4, 6e4, 1e30, 3e3
 
 
 @settings(max_examples=3000, deadline=None)
-@given(dtype=st.sampled_from(DTYPES), groups=st.integers(1, 8), group_size=st.integers(1, 40), magnitude=magnitudes,
-       signs=st.sampled_from(["mixed", "positive", "negative", "zeros"]), seed=st.integers(0, 2**31 - 1))
+@given(dtype=st.sampled_from(DTYPES),
+       groups=st.integers(1, 8),
+       group_size=st.integers(1, 40),
+       magnitude=magnitudes,
+       signs=st.sampled_from(["mixed", "positive", "negative", "zeros"]),
+       seed=st.integers(0, 2**31 - 1))
 def test_property_formula_and_bound(dtype, groups, group_size, magnitude, signs, seed):
     generator = torch.Generator().manual_seed(seed)
     magnitude = min(magnitude, torch.finfo(dtype).max)

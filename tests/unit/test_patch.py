@@ -19,7 +19,8 @@ def pp():
 
 def current(pp, site):
     import importlib
-    return getattr(importlib.import_module(site.module), site.owner).__dict__.get(site.attr)
+    module = importlib.import_module(site.module)
+    return vars(module if site.owner is None else getattr(module, site.owner)).get(site.attr)
 
 
 def test_patch_reports_every_site(pp):

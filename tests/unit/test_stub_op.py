@@ -21,8 +21,8 @@ class Fp16OnlyOp:
         return codes.view(x.shape), scales.view(-1, 1)
 
     def dequantize(self, codes, scales, groups, bits, kind):
-        return torch_ref.dequantize(codes.reshape(-1), scales.reshape(-1), codes.numel() // groups,
-                                    torch.float16).view(codes.shape)
+        return torch_ref.dequantize(codes.reshape(-1), scales.reshape(-1),
+                                    codes.numel() // groups, torch.float16).view(codes.shape)
 
 
 @pytest.fixture
