@@ -26,14 +26,15 @@ def _extensions_dir():
                         f"torch_extensions_ds{version('deepspeed')}")
 
 
-DEVICES = ("cpu", "cuda-shared", "cuda")
+DEVICES = ("cpu", "cuda-shared", "cuda", "cuda-isolated")
 
 
 def run_job(spec, world_size=2, timeout=600, env=None, device="cpu", local_size=None):
     """Run ``spec`` (see worker.py) on ``world_size`` local ranks; return rank 0's results dict.
 
     ``device``: "cpu" (DeepSpeed's CPU accelerator, gloo), "cuda-shared" (every rank on GPU 0, gloo: several
-    ranks on a one-GPU machine; NCCL refuses that) or "cuda" (one GPU per rank, NCCL). Raises JobFailed with the
+    ranks on a one-GPU machine; NCCL refuses that), "cuda" (one GPU per rank, NCCL) or "cuda-isolated" (as "cuda",
+    but each rank sees only its own GPU, so every rank is its own node: how qgZ runs on one host). Raises JobFailed with the
     ranks' output tails if a rank crashes, hangs past ``timeout`` seconds, or rank 0 writes no result.
     ``local_size``: ranks per "node" on CPU (DeepSpeed's CPU accelerator counts devices from LOCAL_SIZE); fewer
     than ``world_size`` makes several nodes, which is when ZeRO++ qgZ runs."""
@@ -57,7 +58,9 @@ def run_job(spec, world_size=2, timeout=600, env=None, device="cpu", local_size=
     procs, logs = [], []
     for rank in range(world_size):
         log = open(os.path.join(workdir, f"rank{rank}.log"), "w+")
-        rank_env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(0 if device == "cuda-shared" else rank))
+        rank_env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank if device in ("cpu", "cuda") else 0))
+        if device == "cuda-isolated":
+            rank_env["CUDA_VISIBLE_DEVICES"] = str(rank)
         procs.append(
             subprocess.Popen([sys.executable, "-m", "deepspeed_zeropp.training.worker", spec_path],
                              env=rank_env,

@@ -216,6 +216,7 @@ def checkpoint_round_trip(engine, spec, run, dtype, rank):
 
 def qgz_check(run, spec, rank):
     """qgZ's reduce-scatter on random gradients against the exact mean (fp64), per dtype and size."""
+    from deepspeed.accelerator import get_accelerator
     from deepspeed.runtime.zero import stage3
     from deepspeed.utils import groups
     apply_patch(spec, run)
@@ -225,6 +226,7 @@ def qgz_check(run, spec, rank):
     for dtype_name, shape in run["cases"]:
         generator = torch.Generator().manual_seed(17 * rank + len(report))
         gradient = (torch.randn(shape, generator=generator) * run.get("scale", 1.0)).to(DTYPES[dtype_name])
+        gradient = gradient.to(get_accelerator().current_device_name())
         reduced = stage3.all_to_all_quant_reduce([gradient], all_to_all_groups)[0]
         everyone = [torch.empty_like(gradient) for _ in range(world)]
         torch.distributed.all_gather(everyone, gradient)
@@ -294,7 +296,7 @@ def main(spec_path):
     import deepspeed
     if spec["device"].startswith("cuda"):
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    deepspeed.init_distributed(dist_backend="nccl" if spec["device"] == "cuda" else "gloo")
+    deepspeed.init_distributed(dist_backend="nccl" if spec["device"] in ("cuda", "cuda-isolated") else "gloo")
     results = {"deepspeed": deepspeed.__version__, "torch": torch.__version__, "report": str(report), "runs": {}}
     for run in spec["runs"]:
         try:

@@ -41,3 +41,22 @@ def test_bert_bf16_qwz_and_mixz(device):
     result = run_job(SPEC, world_size=2, timeout=600, device=device)
     assert_trained_like_baseline(result, "qwz", "quantized_bucket_gathers", steps=10)
     assert_trained_like_baseline(result, "mixz", "quantized_bucket_gathers", steps=10)
+
+
+CASES = [["bf16", [64, 96]], ["fp32", [64, 96]], ["fp16", [64, 96]]]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs for NCCL")
+def test_qgz_on_two_gpus_as_two_nodes():
+    """Each rank sees only its own GPU, so DeepSpeed counts 2 nodes and runs qgZ. Patched: every dtype within the
+    4-bit bound. Unpatched (DeepSpeed's kernels): bf16 and fp32 gradients are read as fp16 bits; fp16 is fine."""
+    runs = [{"name": "patched", "qgz_check": True, "cases": CASES}]
+    patched = run_job({"model": "bert", "dtype": "bf16", "patch": True, "runs": runs}, device="cuda-isolated")
+    for case in patched["runs"]["patched"]["cases"]:
+        assert case["finite"] and case["max_error_of_largest"] <= 0.25 and case["rms_error_of_rms"] <= 0.2, case
+    runs = [{"name": "upstream", "qgz_check": True, "cases": CASES}]
+    upstream = run_job({"model": "bert", "dtype": "bf16", "patch": False, "runs": runs}, device="cuda-isolated")
+    bf16, fp32, fp16 = upstream["runs"]["upstream"]["cases"]
+    for corrupted in (bf16, fp32):
+        assert not corrupted["finite"] or corrupted["rms_error_of_rms"] > 0.5, corrupted
+    assert fp16["finite"] and fp16["rms_error_of_rms"] <= 0.2, fp16
