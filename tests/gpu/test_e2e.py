@@ -54,9 +54,12 @@ def test_qgz_on_two_gpus_as_two_nodes():
     patched = run_job({"model": "bert", "dtype": "bf16", "patch": True, "runs": runs}, device="cuda-isolated")
     for case in patched["runs"]["patched"]["cases"]:
         assert case["finite"] and case["max_error_of_largest"] <= 0.25 and case["rms_error_of_rms"] <= 0.2, case
-    runs = [{"name": "upstream", "qgz_check": True, "cases": CASES}]
+    # fp16 first, as the control; a crash on bf16 (instead of silent corruption) also ends the job there.
+    runs = [{"name": dtype, "qgz_check": True, "cases": [[dtype, shape]]} for dtype, shape in CASES[::-1]]
     upstream = run_job({"model": "bert", "dtype": "bf16", "patch": False, "runs": runs}, device="cuda-isolated")
-    bf16, fp32, fp16 = upstream["runs"]["upstream"]["cases"]
-    for corrupted in (bf16, fp32):
-        assert not corrupted["finite"] or corrupted["rms_error_of_rms"] > 0.5, corrupted
+    (fp16, ) = upstream["runs"]["fp16"]["cases"]
     assert fp16["finite"] and fp16["rms_error_of_rms"] <= 0.2, fp16
+    for dtype in ("bf16", "fp32"):
+        run = upstream["runs"].get(dtype, {"error": "not reached: an earlier case crashed"})
+        corrupted = "error" in run or not run["cases"][0]["finite"] or run["cases"][0]["rms_error_of_rms"] > 0.5
+        assert corrupted, (dtype, run)
