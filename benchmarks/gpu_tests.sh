@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 NCCL_NVLS_ENABLE=0 TORCH_SYMM
 pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$@"; }
 [ -d $W/site ] || pipi $W/site .whl/deps/*.whl
 [ -d $W/ds ] || pipi $W/ds .whl/ds-0.19.8/*.whl
-export PYTHONPATH=$W/ds:$W/site:$PWD
+export PYTHONPATH=$PWD:$W/ds:$W/site
 nvidia-smi --query-gpu=index,name,driver_version --format=csv | tee "$OUTDIR/gpus.csv"
 python3 -m pytest tests/gpu -q -rA -p no:cacheprovider --junitxml="$OUTDIR/junit-gpu.xml" -o addopts="" \
     2>&1 | tee "$OUTDIR/pytest-gpu.log"
