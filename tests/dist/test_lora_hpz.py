@@ -1,0 +1,81 @@
+"""A realistic LoRA run (Llama from a config + PEFT adapters), checkpoint round trips, and hpZ at 4 ranks."""
+import pytest
+
+from deepspeed_zeropp.training.launch import run_job
+from tests.dist.test_mixz import assert_clean
+from tests.dist.test_training import assert_trained_like_baseline
+
+LORA = {"model": "llama_lora", "dtype": "fp32", "model_dtype": "bf16", "patch": True, "seed": 0}
+
+
+@pytest.fixture(scope="module")
+def lora():
+    runs = [{
+        "name": "baseline"
+    }, {
+        "name": "lora",
+        "quantized": True,
+        "quantized_nontrainable": True
+    }, {
+        "name": "checkpoint",
+        "quantized": True,
+        "quantized_nontrainable": True,
+        "checkpoint": True
+    }, {
+        "name": "checkpoint_mixz",
+        "quantized_nontrainable": True,
+        "checkpoint": True
+    }]
+    return run_job(dict(LORA, steps=5, runs=runs), world_size=2, timeout=900)
+
+
+def test_lora_frozen_bf16_base_fp32_adapters(lora):
+    """Frozen bf16 base kept int8 (MixZ++), fp32 PEFT adapters gathered through qwZ, 2 ranks, 5 steps."""
+    assert_trained_like_baseline(lora, "lora", "quantized_single_gathers")
+
+
+def test_checkpoint_round_trip(lora):
+    """save_checkpoint, then a fresh engine loads it: identical partitions, same next-step loss."""
+    result = lora
+    if "Weights only load failed" in result["runs"]["checkpoint"].get("error", ""):
+        pytest.skip("this DeepSpeed cannot load its own checkpoints under torch >= 2.6 (weights_only default)")
+    for name in ("checkpoint", "checkpoint_mixz"):
+        run = result["runs"][name]
+        assert_clean(run)
+        restored = run["checkpoint"]
+        assert restored["compared"] > 0 and restored["mismatched"] == [], restored
+    # MixZ++ alone gathers stored codes: the restored engine reproduces the next loss bit for bit.
+    exact = result["runs"]["checkpoint_mixz"]["checkpoint"]
+    assert exact["next_loss_loaded"] == exact["next_loss_saved"]
+    # With qwZ the restored engine's first forward differs from the saved engine's by ~1e-5 (see the note in
+    # README "Checkpoints"); weights are identical, so a loose bound is enough to catch a wrong restore.
+    close = result["runs"]["checkpoint"]["checkpoint"]
+    assert abs(close["next_loss_loaded"] - close["next_loss_saved"]) <= 1e-3 * abs(close["next_loss_saved"])
+
+
+def test_hpz_four_ranks_bf16():
+    """zero_hpz_partition_size 2 at 4 ranks (secondary partitions), bf16, with qwZ and with MixZ++."""
+    runs = [{
+        "name": "baseline",
+        "hpz": 2
+    }, {
+        "name": "qwz",
+        "quantized": True,
+        "hpz": 2
+    }, {
+        "name": "mixz",
+        "quantized_nontrainable": True,
+        "hpz": 2
+    }]
+    spec = {
+        "model": "bert",
+        "dtype": "bf16",
+        "patch": True,
+        "seed": 0,
+        "steps": 2,
+        "frozen": ["embeddings", "attention"],
+        "runs": runs
+    }
+    result = run_job(spec, world_size=4, timeout=900)
+    assert_trained_like_baseline(result, "qwz", "quantized_bucket_gathers", steps=2)
+    assert_trained_like_baseline(result, "mixz", "quantized_bucket_gathers", steps=2, quantize_calls=False)
