@@ -214,6 +214,23 @@ def checkpoint_round_trip(engine, spec, run, dtype, rank):
     }
 
 
+def time_reduce(reduce, gradient, groups, reps):
+    """Median wall time (ms) of one quantized reduce-scatter over ``reps`` calls after warm-up; None if reps is 0."""
+    if not reps:
+        return None
+    times = []
+    for i in range(reps + 3):
+        torch.distributed.barrier()
+        if gradient.is_cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        reduce([gradient], groups)
+        if gradient.is_cuda:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1000)
+    return sorted(times[3:])[reps // 2]
+
+
 def qgz_check(run, spec, rank):
     """qgZ's reduce-scatter on random gradients against the exact mean (fp64), per dtype and size."""
     from deepspeed.accelerator import get_accelerator
