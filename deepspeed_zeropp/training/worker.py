@@ -252,21 +252,16 @@ def qgz_check(run, spec, rank):
         expected = mean[rank * chunk:(rank + 1) * chunk]
         largest = max(g.double().abs().max().item() for g in everyone)
         error = (reduced.double() - expected).abs()
-        report.append({
-            "dtype":
-            str(reduced.dtype),
-            "numel":
-            reduced.numel(),
-            "expected_numel":
-            expected.numel(),
-            "max_error_of_largest":
-            error.max().item() / largest,
-            "rms_error_of_rms": (error.pow(2).mean() / expected.pow(2).mean()).sqrt().item(),
-            "finite":
-            bool(torch.isfinite(reduced).all()),
-            "ms":
-            time_reduce(stage3.all_to_all_quant_reduce, gradient, all_to_all_groups, run.get("time_reps", 0)),
-        })
+        ms = time_reduce(stage3.all_to_all_quant_reduce, gradient, all_to_all_groups, run.get("time_reps", 0))
+        rms_error = (error.pow(2).mean() / expected.pow(2).mean()).sqrt().item()
+        report.append(
+            dict(dtype=str(reduced.dtype),
+                 numel=reduced.numel(),
+                 expected_numel=expected.numel(),
+                 ms=ms,
+                 max_error_of_largest=error.max().item() / largest,
+                 rms_error_of_rms=rms_error,
+                 finite=bool(torch.isfinite(reduced).all())))
     return {"cases": report}
 
 
