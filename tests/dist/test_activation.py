@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deepspeed_zeropp.training.launch import _extensions_dir
+from deepspeed_zeropp.training.launch import _extensions_dir, _free_port, release_shared_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -25,7 +25,7 @@ def require_installed_hook():
     assert hook_installed(), "deepspeed_zeropp.pth is not in site-packages: install the package with `pip install .`"
 
 
-def run(args, activate, timeout=600):
+def run(args, activate, timeout=600, port=None):
     env = dict(os.environ,
                DS_ACCELERATOR="cpu",
                LOCAL_SIZE="2",
@@ -35,7 +35,11 @@ def run(args, activate, timeout=600):
     env.pop("DEEPSPEED_ZEROPP", None)
     if activate:
         env["DEEPSPEED_ZEROPP"] = "1"
-    return subprocess.run(args, env=env, cwd="/tmp", capture_output=True, text=True, timeout=timeout)
+    try:
+        return subprocess.run(args, env=env, cwd="/tmp", capture_output=True, text=True, timeout=timeout)
+    finally:
+        if port:
+            release_shared_memory(port)
 
 
 def result_of(proc):
@@ -54,25 +58,27 @@ def test_lean_and_off_unless_set():
 
 
 def test_hf_trainer_under_torchrun():
+    port = _free_port()
     script = [
-        str(BIN / "torchrun"), "--nproc_per_node", "2",
+        str(BIN / "torchrun"), "--nproc_per_node", "2", f"--master_port={port}",
         str(ROOT / "examples" / "hf_trainer_bert.py"), "--deepspeed",
         str(ROOT / "examples" / "ds_config_zeropp.json")
     ]
-    result = result_of(run(script, activate=True))
+    result = result_of(run(script, activate=True, port=port))
     assert result["zeropp_active"] and result["dtypes_seen"] == ["torch.bfloat16"]
     assert len(result["losses"]) == 3 and all(0 < loss < 5 for loss in result["losses"])
-    unpatched = run(script, activate=False)
+    unpatched = run(script, activate=False, port=port)
     assert unpatched.returncode != 0 and "RESULT" not in unpatched.stdout
 
 
 def test_plain_script_under_deepspeed_launcher():
+    port = _free_port()
     script = [
-        str(BIN / "deepspeed"), "--num_gpus", "2",
+        str(BIN / "deepspeed"), "--num_gpus", "2", f"--master_port={port}",
         str(ROOT / "examples" / "plain_deepspeed.py"), "--deepspeed_config",
         str(ROOT / "examples" / "ds_config_zeropp.json")
     ]
-    proc = run(script, activate=True)
+    proc = run(script, activate=True, port=port)
     result = result_of(proc)
     assert result["zeropp_active"] and result["dtypes"] == ["torch.bfloat16"] and len(result["losses"]) == 3
     assert "[deepspeed_zeropp] active via DEEPSPEED_ZEROPP=1" in proc.stdout + proc.stderr
