@@ -31,7 +31,7 @@ def run(args, activate, timeout=600, port=None):
                LOCAL_SIZE="2",
                OMP_NUM_THREADS="1",
                TORCH_EXTENSIONS_DIR=_extensions_dir(),
-               PYTHONPATH=str(ROOT))
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env.pop("DEEPSPEED_ZEROPP", None)
     if activate:
         env["DEEPSPEED_ZEROPP"] = "1"
