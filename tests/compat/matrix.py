@@ -29,12 +29,12 @@ COLUMNS = (
     ("sequential gather", ("test_bert_bf16_sequential", )),
     ("mixed-dtype bucket", ("test_bucket_mixing_bf16_and_fp32", )),
     ("unpatched fails as upstream", ("test_unpatched_reproduces_upstream_failure", )),
-    ("MixZ++ bf16 + defect fixes", ("tests.dist.test_mixz.", )),
+    ("MixZ++ bf16 + defect fixes", ("tests.multirank.test_mixz.", )),
     ("LoRA (PEFT, Llama)", ("test_lora_frozen_bf16_base_fp32_adapters", )),
     ("checkpoint round trip", ("test_checkpoint_round_trip", )),
     ("hpZ 4 ranks", ("test_hpz_four_ranks_bf16", )),
-    ("qgZ bf16/fp32", ("tests.dist.test_qgz.", )),
-    ("DEEPSPEED_ZEROPP=1 (HF Trainer, launchers)", ("tests.dist.test_activation.", )),
+    ("qgZ bf16/fp32", ("tests.multirank.test_qgz.", )),
+    ("DEEPSPEED_ZEROPP=1 (HF Trainer, launchers)", ("tests.multirank.test_activation.", )),
 )
 
 
@@ -71,7 +71,7 @@ def run_tests(version, target):
     # each time: they run with the installed release only.
     command = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", "tests/unit",
-        "tests/dist", "--ignore=tests/dist/test_activation.py"
+        "tests/multirank", "--ignore=tests/multirank/test_activation.py"
     ]
     subprocess.run(command, cwd=ROOT, env=env)
     return read_junit(junit)

@@ -6,7 +6,7 @@ qgZ only runs when world_size // device_count > 1; on DeepSpeed's CPU accelerato
 import pytest
 
 from deepspeed_zeropp.training.launch import run_job
-from tests.dist.test_training import assert_trained_like_baseline
+from tests.multirank.test_training import assert_trained_like_baseline
 
 CASES = [["bf16", [64, 96]], ["fp32", [64, 96]], ["bf16", [7, 13]], ["fp32", [257]], ["bf16", [3, 1000]]]
 

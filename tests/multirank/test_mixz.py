@@ -6,7 +6,7 @@ garbage cannot hide behind a loss. Each defect fix also has a run with its site 
 import pytest
 
 from deepspeed_zeropp.training.launch import run_job
-from tests.dist.test_training import assert_trained_like_baseline, has_sequential_flag
+from tests.multirank.test_training import assert_trained_like_baseline, has_sequential_flag
 
 FROZEN = ["embeddings", "attention"]  # a LoRA-like split: frozen embeddings and attention, trainable FFNs
 

@@ -2,8 +2,8 @@
 import pytest
 
 from deepspeed_zeropp.training.launch import run_job
-from tests.dist.test_mixz import assert_clean
-from tests.dist.test_training import assert_trained_like_baseline
+from tests.multirank.test_mixz import assert_clean
+from tests.multirank.test_training import assert_trained_like_baseline
 
 LORA = {"model": "llama_lora", "dtype": "fp32", "model_dtype": "bf16", "patch": True, "seed": 0}
 
