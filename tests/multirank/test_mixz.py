@@ -41,6 +41,11 @@ def frozen_bert():
         "quantized_nontrainable": True,
         "exclude_sites": ["Init._partition_param"]
     })
+    runs.append({  # last: it raises, which ends the job
+        "name": "without_bucket_fix",
+        "quantized_nontrainable": True,
+        "exclude_sites": ["AllGatherCoalescedHandle.wait"]
+    })
     return job(runs, steps=3)
 
 
@@ -63,6 +68,13 @@ def test_partition_fix_is_needed(frozen_bert):
     assert "error" in run or run["value_errors"], run
 
 
+def test_bucket_fix_is_needed(frozen_bert):
+    """Defect 4 and the bucket layout: unpatched, a coalesced MixZ++ bucket is dequantized as if every partition had
+    the same group size, and from 0.17.2 each slice is cast to int8."""
+    run = frozen_bert["runs"]["without_bucket_fix"]
+    assert "error" in run or run["value_errors"] or run["dtype_errors"], run
+
+
 def test_padded_partitions_sequential_and_coalesced():
     """Any partition size: odd-sized parameters (97x97, 3x97, 3) at 2 ranks have padded partitions. Upstream
     leaves that padding uninitialised (qwZ then quantizes it with real values) and, in the sequential gather,
@@ -80,9 +92,20 @@ def test_padded_partitions_sequential_and_coalesced():
             "sequential": True
         }]
     runs.append({"name": "without_padding_fix", "quantized": True, "exclude_sites": ["Init._partition_param"]})
+    if has_sequential_flag():  # last: it raises, which ends the job
+        runs.append({
+            "name": "without_sequential_fix",
+            "quantized": True,
+            "sequential": True,
+            "exclude_sites": ["AllGatherHandle.wait"]
+        })
     result = job(runs, model="mixed", dtype="fp32", frozen=[], steps=3)
-    for run in runs[1:-1]:
-        assert_clean(result["runs"][run["name"]])
+    for run in runs[1:]:
+        if not run["name"].startswith("without_"):
+            assert_clean(result["runs"][run["name"]])
+    if has_sequential_flag():
+        unfixed = result["runs"]["without_sequential_fix"]
+        assert "error" in unfixed or unfixed["value_errors"] or unfixed["dtype_errors"], unfixed
     assert_trained_like_baseline(result, "qwz", "quantized_bucket_gathers", steps=3)
     assert result["runs"]["without_padding_fix"]["value_errors"]
 
