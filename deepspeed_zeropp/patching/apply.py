@@ -13,7 +13,7 @@ from .sites import NEWEST_KNOWN, OLDEST_SUPPORTED, SITES
 
 logger = logging.getLogger("deepspeed_zeropp")
 _MISSING = object()
-_originals = {}  # site name -> (owner class, attr, value in the class __dict__ before patching or _MISSING)
+_originals = {}  # site name -> (owner class or module, attr, its __dict__ value before patching, or _MISSING)
 
 
 class PatchError(RuntimeError):
@@ -22,7 +22,7 @@ class PatchError(RuntimeError):
 
 class SiteReport(NamedTuple):
     name: str
-    status: str  # "patched", "absent in this release", "missing (not patched)"
+    status: str  # "patched", "absent in this release", "missing (not patched)", "excluded"
     detail: str = ""
 
 

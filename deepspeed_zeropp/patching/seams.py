@@ -155,6 +155,8 @@ def _float_partition_views(params, dtypes):
 
 
 def BUCKET_GATHER(original):
+    """Seam factory for ``AllGatherCoalescedHandle.wait``: the common dequantize target of dtype_scoped, plus the
+    per-partition group layout and float views when the bucket holds stored MixZ++ codes."""
 
     def wrapper(handle, *args, **kwargs):
         if not getattr(handle, "quantization", None) or getattr(handle, "complete", False):
