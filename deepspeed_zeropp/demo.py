@@ -35,11 +35,13 @@ def run(steps=5, device="auto"):
         print(f"[demo] FAILED with the patch: {patched['error']}")
         return 1
     print(f"\nDeepSpeed {ours['deepspeed']}, torch {ours['torch']}\n")
-    print(f"{'step':>4}  {'unquantized':>11}  {'patched qwZ':>11}  {'|diff|':>7}  {'without patch':<40}")
+    print(f"{'step':>4}  {'unquantized':>11}  {'patched qwZ':>11}  {'|diff|':>7}  {'without patch':<14}")
     for step, (ref, loss) in enumerate(zip(baseline["losses"], patched["losses"])):
         upstream_cell = (f"{unpatched['losses'][step]:.4f}"
-                         if "losses" in unpatched else unpatched["error"][:60] if step == 0 else "")
-        print(f"{step:>4}  {ref:>11.4f}  {loss:>11.4f}  {abs(loss - ref):>7.4f}  {upstream_cell:<40}")
+                         if "losses" in unpatched else "failed (below)" if step == 0 else "")
+        print(f"{step:>4}  {ref:>11.4f}  {loss:>11.4f}  {abs(loss - ref):>7.4f}  {upstream_cell}")
+    if "error" in unpatched:
+        print(f"\nwithout the patch, DeepSpeed {upstream.get('deepspeed', '')} failed: {unpatched['error']}")
     kept = not patched["dtype_errors"]
     print(f"\ndtypes at every forward: {'all bf16, as created' if kept else patched['dtype_errors']} "
           f"({patched['forward_checks']} parameter checks)")
