@@ -23,8 +23,8 @@ def ds_config(run, dtype):
     if run.get("sequential"):
         zero["stage3_allgather_sequential"] = True
     if run.get("checkpoint"):
-        # Without prefetching every step gathers the same buckets, so a fresh engine quantizes exactly as the
-        # saved one did (qwZ groups span a whole bucket) and the next-step losses can be compared for equality.
+        # Without prefetching every step gathers the same buckets (qwZ groups span a whole bucket), so a fresh
+        # engine quantizes the same way the saved one did and the next-step losses can be compared closely.
         zero["stage3_prefetch_bucket_size"] = 0
     if run.get("quantized_gradients"):
         zero["zero_quantized_gradients"] = True
@@ -202,7 +202,7 @@ def checkpoint_round_trip(engine, spec, run, dtype, rank):
     loss_saved, _ = train_step(engine, spec, steps, rank)
     fresh, _ = make_engine(spec, run, dtype)
     fresh.load_checkpoint(directory, tag="step")
-    fresh.empty_partition_cache()  # loading leaves some parameters gathered (unquantized); release them
+    fresh.empty_partition_cache()  # release whatever loading left gathered: the next forward gathers afresh
     after = partitions(fresh)
     mismatched = [k for k in before if k not in after or not torch.equal(before[k], after[k])]
     loss_loaded, _ = train_step(fresh, spec, steps, rank)
