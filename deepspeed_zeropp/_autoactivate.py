@@ -39,22 +39,25 @@ class _PatchingLoader(importlib.abc.Loader):
     def exec_module(self, module):
         self._loader.exec_module(module)
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PatchAfterDeepSpeedImport)]
-        import deepspeed_zeropp
-        backend = os.environ.get("DEEPSPEED_ZEROPP_BACKEND", "auto")
-        report = deepspeed_zeropp.patch(backend=backend)
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(
-                f"[deepspeed_zeropp] active via {ENV}=1: {len(report.patched)} sites patched on DeepSpeed "
-                f"{report.deepspeed_version} (backend {backend})",
-                file=sys.stderr)
+        _patch_now()
+
+
+def _patch_now():
+    import deepspeed_zeropp
+    backend = os.environ.get("DEEPSPEED_ZEROPP_BACKEND", "auto")
+    report = deepspeed_zeropp.patch(backend=backend)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(
+            f"[deepspeed_zeropp] active via {ENV}=1: {len(report.patched)} sites patched on DeepSpeed "
+            f"{report.deepspeed_version} (backend {backend})",
+            file=sys.stderr)
 
 
 def activate_from_environment():
     if os.environ.get(ENV, "").strip().lower() not in ("1", "true", "yes", "on"):
         return
     if "deepspeed" in sys.modules:
-        import deepspeed_zeropp
-        deepspeed_zeropp.patch(backend=os.environ.get("DEEPSPEED_ZEROPP_BACKEND", "auto"))
+        _patch_now()
     elif not any(isinstance(f, _PatchAfterDeepSpeedImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _PatchAfterDeepSpeedImport())
 

@@ -28,15 +28,20 @@ def quantize(x, groups=None, backend="auto"):
     return codes.view(x.shape), scales
 
 
+def _checked_output_dtype(codes, scales, dtype):
+    check_wire_tensors(codes, scales)
+    dtype = DEFAULT_DEQUANT_DTYPE if dtype is None else dtype
+    check_float_dtype(dtype, "dequantize output")
+    return dtype
+
+
 def dequantize(codes, scales, dtype=None, group_size=None, backend="auto"):
     """Dequantize int8 ``codes`` with fp32 ``scales`` ([G] or [G, 1]) to ``dtype`` (fp16 when None), codes' shape.
 
     Groups are contiguous runs of ``group_size`` elements (default ``codes.numel() // G``, which must then divide
     exactly). A larger ``group_size`` describes codes that are the prefix of a padded, gathered buffer.
     """
-    check_wire_tensors(codes, scales)
-    dtype = DEFAULT_DEQUANT_DTYPE if dtype is None else dtype
-    check_float_dtype(dtype, "dequantize output")
+    dtype = _checked_output_dtype(codes, scales, dtype)
     flat_scales = scales.reshape(-1).contiguous()
     num_groups, numel = flat_scales.numel(), codes.numel()
     if group_size is None:
@@ -53,9 +58,7 @@ def dequantize(codes, scales, dtype=None, group_size=None, backend="auto"):
 def dequantize_segments(codes, scales, segments, dtype=None, backend="auto"):
     """Dequantize a buffer made of runs with different group sizes: ``segments`` lists (groups, group_size)
     in buffer order. DeepSpeed's coalesced MixZ++ gather concatenates partitions quantized one by one."""
-    check_wire_tensors(codes, scales)
-    dtype = DEFAULT_DEQUANT_DTYPE if dtype is None else dtype
-    check_float_dtype(dtype, "dequantize output")
+    dtype = _checked_output_dtype(codes, scales, dtype)
     flat_codes, flat_scales = codes.contiguous().view(-1), scales.reshape(-1).to(codes.device)
     if sum(g * e for g, e in segments) != flat_codes.numel() or sum(g for g, _ in segments) != flat_scales.numel():
         raise ValueError(
@@ -63,10 +66,21 @@ def dequantize_segments(codes, scales, segments, dtype=None, backend="auto"):
     impl = resolve_backend(backend, codes.device)
     out = torch.empty(flat_codes.numel(), dtype=dtype, device=codes.device)
     code_at = scale_at = 0
-    for groups, group_size in segments:
+    for groups, group_size in _merge_runs(segments):
         numel = groups * group_size
         out[code_at:code_at + numel] = impl.dequantize(flat_codes[code_at:code_at + numel],
                                                        flat_scales[scale_at:scale_at + groups].contiguous(),
                                                        group_size, dtype)
         code_at, scale_at = code_at + numel, scale_at + groups
     return out.view(codes.shape)
+
+
+def _merge_runs(segments):
+    """Join neighbouring runs of the same group size (one backend call each instead of one per partition)."""
+    merged = []
+    for groups, group_size in segments:
+        if merged and merged[-1][1] == group_size:
+            merged[-1] = (merged[-1][0] + groups, group_size)
+        else:
+            merged.append((groups, group_size))
+    return merged

@@ -147,3 +147,17 @@ def test_property_formula_and_bound(dtype, groups, group_size, magnitude, signs,
     bound = absmax / 128 * (1 + 1e-6) + x64.abs() * torch.finfo(dtype).eps + 2 * tiny
     assert torch.isfinite(out).all()
     assert ((out - x64).abs() <= bound).all(), (out - x64).abs().max().item()
+
+
+def test_dequantize_segments_of_separately_quantized_partitions():
+    """A MixZ++ bucket: partitions quantized one by one (different group sizes), concatenated, twice (2 ranks)."""
+    parts = [torch.randn(n, dtype=torch.bfloat16) for n in (514, 8192, 16000, 7)]
+    quantized = [ops.quantize(p) for p in parts]
+    codes = torch.cat([c for c, _ in quantized] * 2)
+    scales = torch.cat([s for _, s in quantized] * 2)
+    segments = [(s.numel(), c.numel() // s.numel()) for c, s in quantized] * 2
+    out = ops.dequantize_segments(codes, scales, segments, dtype=torch.bfloat16)
+    expected = torch.cat([ops.dequantize(c, s, dtype=torch.bfloat16) for c, s in quantized] * 2)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, expected)
+    with pytest.raises(ValueError, match="do not cover"):
+        ops.dequantize_segments(codes, scales, segments[:-1], dtype=torch.bfloat16)
