@@ -82,9 +82,11 @@ class ForwardChecks:
     """At every module forward (after ZeRO-3 gathered its parameters): dtype kept, and values still equal to
     the originals within the int8 bound wherever they cannot have been trained yet (frozen, or before step 1)."""
 
-    def __init__(self, model):
+    def __init__(self, model, originals=None):
+        """``originals``: full values by parameter, for models already partitioned at construction."""
+        originals = originals or {}
         self.expected = {
-            p: (n, p.dtype, p.detach().float().clone(), p.requires_grad)
+            p: (n, p.dtype, originals.get(p, p).detach().float().clone(), p.requires_grad)
             for n, p in model.named_parameters()
         }
         self.checks = 0
@@ -136,9 +138,13 @@ def build_model(spec, run):
         return models.build(spec["model"], dtype), ForwardChecks
     with deepspeed.zero.Init():
         model = models.build(spec["model"], dtype)
-    with deepspeed.zero.GatheredParameters(list(model.parameters())):
-        checks = ForwardChecks(model)
-    return model, lambda _: checks
+    # One parameter at a time: up to 0.18.x Init's coalesced synchronous gather waits on its last gloo handle
+    # only, so the others may still be in flight when read (seen as NaN from the deterministic-mode fill).
+    originals = {}
+    for param in model.parameters():
+        with deepspeed.zero.GatheredParameters([param]):
+            originals[param] = param.detach().clone()
+    return model, lambda _: ForwardChecks(model, originals)
 
 
 def freeze(model, keys):
