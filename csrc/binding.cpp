@@ -75,11 +75,101 @@ void dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t group
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+constexpr int64_t kQgzGroup = 256;
+
+int64_t qgz_block_bytes(int64_t rows, int64_t padded_chunk)
+{
+    return rows * padded_chunk / 2 + rows * (padded_chunk / kQgzGroup) * 4;
+}
+
+void check_qgz_geometry(int64_t rows, int64_t padded_chunk)
+{
+    TORCH_CHECK(rows >= 1 && rows <= INT32_MAX, "rows must be in [1, 2^31), got ", rows);
+    TORCH_CHECK(padded_chunk >= 0 && padded_chunk % kQgzGroup == 0,
+                "padded_chunk must be a non-negative multiple of ", kQgzGroup, ", got ", padded_chunk);
+}
+
+// Blocks arrive from an all-to-all: [sources, block bytes], contiguous, 4-byte aligned for the word accesses.
+int check_qgz_blocks(const at::Tensor& blocks, int64_t rows, int64_t padded_chunk)
+{
+    TORCH_CHECK(blocks.is_cuda(), "blocks must be a CUDA tensor");
+    TORCH_CHECK(blocks.scalar_type() == at::kByte, "blocks must be uint8, got ", blocks.scalar_type());
+    TORCH_CHECK(blocks.dim() == 2 && blocks.is_contiguous(), "blocks must be 2-D [sources, bytes] and contiguous");
+    TORCH_CHECK(blocks.size(1) == qgz_block_bytes(rows, padded_chunk),
+                "blocks hold ", blocks.size(1), " bytes per source, expected ", qgz_block_bytes(rows, padded_chunk));
+    TORCH_CHECK(blocks.size(0) >= 1 && blocks.size(0) <= INT32_MAX, "blocks need 1 to 2^31 - 1 sources");
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(blocks.data_ptr()) % 4 == 0, "blocks must be 4-byte aligned");
+    return static_cast<int>(blocks.size(0));
+}
+
+at::Tensor qgz_encode(const at::Tensor& input, int64_t destinations, int64_t rows, int64_t chunk, int64_t padded_chunk)
+{
+    check_flat_cuda(input, "input");
+    const dszpp::Format format = format_of(input.scalar_type(), "input");
+    check_qgz_geometry(rows, padded_chunk);
+    TORCH_CHECK(destinations >= 1 && destinations <= INT32_MAX, "destinations must be in [1, 2^31)");
+    TORCH_CHECK(chunk >= 0 && chunk <= padded_chunk, "chunk must be in [0, padded_chunk]");
+    TORCH_CHECK(destinations * rows * chunk >= input.numel(), "destinations * rows chunks do not cover the input");
+    const c10::cuda::CUDAGuard device_guard(input.device());
+    at::Tensor out = at::empty({destinations, qgz_block_bytes(rows, padded_chunk)}, input.options().dtype(at::kByte));
+    dszpp::launch_qgz_encode(format,
+                             input.data_ptr(),
+                             input.numel(),
+                             chunk,
+                             padded_chunk,
+                             static_cast<int>(destinations),
+                             static_cast<int>(rows),
+                             out.data_ptr<uint8_t>(),
+                             c10::cuda::getCurrentCUDAStream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return out;
+}
+
+at::Tensor qgz_reduce_encode(const at::Tensor& blocks, int64_t rows, int64_t padded_chunk)
+{
+    check_qgz_geometry(rows, padded_chunk);
+    const int sources = check_qgz_blocks(blocks, rows, padded_chunk);
+    const c10::cuda::CUDAGuard device_guard(blocks.device());
+    at::Tensor out = at::empty({rows, qgz_block_bytes(1, padded_chunk)}, blocks.options());
+    dszpp::launch_qgz_reduce_encode(blocks.data_ptr<uint8_t>(),
+                                    sources,
+                                    static_cast<int>(rows),
+                                    padded_chunk,
+                                    out.data_ptr<uint8_t>(),
+                                    c10::cuda::getCurrentCUDAStream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return out;
+}
+
+// Writes into `out` (allocated by the caller in the gradient's dtype, numel <= padded_chunk).
+void qgz_decode_sum(const at::Tensor& blocks, int64_t padded_chunk, double factor, at::Tensor& out)
+{
+    check_qgz_geometry(1, padded_chunk);
+    const int sources = check_qgz_blocks(blocks, 1, padded_chunk);
+    check_flat_cuda(out, "out");
+    TORCH_CHECK(out.device() == blocks.device(), "out and blocks on different devices");
+    TORCH_CHECK(out.numel() <= padded_chunk, "out has more elements than a chunk");
+    const dszpp::Format format = format_of(out.scalar_type(), "out");
+    const c10::cuda::CUDAGuard device_guard(blocks.device());
+    dszpp::launch_qgz_decode_sum(format,
+                                 blocks.data_ptr<uint8_t>(),
+                                 sources,
+                                 padded_chunk,
+                                 static_cast<float>(factor),
+                                 out.data_ptr(),
+                                 out.numel(),
+                                 c10::cuda::getCurrentCUDAStream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
 {
-    m.doc() = "deepspeed_zeropp native symmetric int8 quantizer (fp16, bf16, fp32)";
+    m.doc() = "deepspeed_zeropp native quantizers (fp16, bf16, fp32): int8 weights, qgZ 4-bit gradients";
     m.def("quantize", &quantize, "flat input, groups -> (int8 codes, fp32 scales [groups])");
     m.def("dequantize", &dequantize, "codes, scales, group_size, out: out[i] = codes[i] * scales[i / group_size]");
+    m.def("qgz_encode", &qgz_encode, "qgZ: gradient, destinations, rows, chunk, padded_chunk -> uint8 blocks");
+    m.def("qgz_reduce_encode", &qgz_reduce_encode, "qgZ: blocks, rows, padded_chunk -> summed, re-encoded blocks");
+    m.def("qgz_decode_sum", &qgz_decode_sum, "qgZ: blocks, padded_chunk, factor, out: out = sum * factor");
 }

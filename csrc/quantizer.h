@@ -1,4 +1,5 @@
-// Host-side entry points of the native symmetric int8 quantizer (wire format: DESIGN.md "Wire format").
+// Host-side entry points of the native quantizers: symmetric int8 weights (wire format: DESIGN.md "Wire format") and
+// qgZ's 4-bit gradient blocks (layout: deepspeed_zeropp/qgz_wire.py).
 //
 // Kept free of torch headers so that the kernels compile in seconds; binding.cpp does the tensor checks
 // and calls these with raw pointers on the caller's current stream.
@@ -28,5 +29,36 @@ void launch_dequantize(Format format,
                        int64_t numel,
                        int64_t group_size,
                        cudaStream_t stream);
+
+// qgZ, groups of 256 values. A block of `rows` rows holds rows * padded_chunk / 2 bytes of codes, then one fp32 scale
+// per group. Encode writes one block per destination d: row m quantizes chunk (m * destinations + d) of `input`
+// (chunks of `chunk` values, zero-padded to padded_chunk, values past numel are 0).
+void launch_qgz_encode(Format format,
+                       const void* input,
+                       int64_t numel,
+                       int64_t chunk,
+                       int64_t padded_chunk,
+                       int destinations,
+                       int rows,
+                       uint8_t* out,
+                       cudaStream_t stream);
+
+// `sources` blocks of `rows` rows -> fp32 sum over sources -> `rows` blocks of one row each.
+void launch_qgz_reduce_encode(const uint8_t* in,
+                              int sources,
+                              int rows,
+                              int64_t padded_chunk,
+                              uint8_t* out,
+                              cudaStream_t stream);
+
+// `sources` blocks of one row -> out[i] = (fp32 sum over sources)[i] * factor for i < count, rounded to `format`.
+void launch_qgz_decode_sum(Format format,
+                           const uint8_t* in,
+                           int sources,
+                           int64_t padded_chunk,
+                           float factor,
+                           void* out,
+                           int64_t count,
+                           cudaStream_t stream);
 
 }  // namespace dszpp

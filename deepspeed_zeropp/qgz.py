@@ -3,69 +3,56 @@
 DeepSpeed's ``all_to_all_quant_reduce`` hands every gradient to kernels that read it as fp16 bits, sums the node-local
 partials in fp16 and casts the fp16 result back. This keeps its communication pattern (4-bit codes, an all-to-all
 inside each node, then one across nodes) but reads each gradient in its own dtype, accumulates every sum in fp32,
-and rounds once to the gradient's dtype. Pure torch, so it runs on any device and over gloo.
+and rounds once to the gradient's dtype. The codec (``qgz_wire``: pure torch, any device, gloo; ``csrc/qgz.cu`` for
+CUDA tensors, bit for bit the same) is chosen by the patch's backend.
 
 Layout: rank r = node * L + local owns chunk r of the flattened gradient (as ``reduce_scatter_coalesced``), and the
-result is the mean over all ranks, as there. Chunks are padded to whole 4-bit groups with zeros.
+result is the mean over all ranks, as there. Chunks are padded to whole 4-bit groups with zeros. With one rank per
+node (L = 1) there is no node-local sum to take, so the node-local all-to-all and its 4-bit rounding are skipped.
 """
 import math
 
 import torch
 
-from .wire import FLT_MAX
-
-BITS = 4
-LEVELS = 1 << (BITS - 1)  # codes in [-8, 7]; multiplier 8 / absmax, as the 8-bit wire format's 128 / absmax
-GROUP = 256  # elements per 4-bit group (even: two codes per byte)
+from .backends import resolve_backend
+from .qgz_wire import GROUP, dequantize_int4, quantize_int4  # noqa: F401  (the codec, re-exported)
 
 
-def quantize_int4(values):
-    """fp32 values (numel a multiple of GROUP) -> (uint8, two codes per byte; fp32 scales, one per group)."""
-    grouped = values.reshape(-1, GROUP)
-    absmax = grouped.abs().amax(dim=1)
-    finite = torch.isfinite(absmax)
-    multiplier = torch.where(absmax == 0, torch.ones_like(absmax), torch.full_like(absmax, float(LEVELS)) / absmax)
-    multiplier = multiplier.clamp(max=FLT_MAX)
-    codes = (grouped * multiplier.unsqueeze(1)).round_().clamp_(-LEVELS, LEVELS - 1)
-    codes = torch.where(finite.unsqueeze(1), codes, torch.zeros_like(codes)).to(torch.int16) & 0xF
-    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
-    scales = torch.where(finite, torch.ones_like(multiplier) / multiplier, torch.full_like(absmax, float("nan")))
-    return packed.reshape(-1), scales
+def _codec(device):
+    """The backend module serving qgZ on ``device``. "deepspeed" (DeepSpeed's weight op) has no qgZ of its own
+    that keeps dtypes, so it is served as "auto"."""
+    from .quantizer import QuantizerMethods
+    name = QuantizerMethods.backend if QuantizerMethods.backend in ("torch", "cuda") else "auto"
+    return resolve_backend(name, device)
 
 
-def dequantize_int4(packed, scales):
-    """Inverse of :func:`quantize_int4`, in fp32."""
-    nibbles = torch.stack([packed & 0xF, packed >> 4], dim=-1).to(torch.int16)
-    codes = torch.where(nibbles >= LEVELS, nibbles - 2 * LEVELS, nibbles).reshape(-1, GROUP)
-    return (codes.float() * scales.unsqueeze(1)).reshape(-1)
-
-
-def _exchange_and_sum(blocks, group, members):
-    """Send block i to member i of ``group`` as 4-bit codes; return the fp32 sum of the blocks received."""
+def _all_to_all(blocks, group):
     from deepspeed import comm as dist
-    packed, scales = quantize_int4(blocks)
-    packed_in, scales_in = torch.empty_like(packed), torch.empty_like(scales)
-    dist.all_to_all_single(packed_in, packed, group=group)
-    dist.all_to_all_single(scales_in, scales, group=group)
-    return dequantize_int4(packed_in, scales_in).view(blocks.shape).sum(dim=0)
+    received = torch.empty_like(blocks)
+    dist.all_to_all_single(received, blocks, group=group)
+    return received
 
 
 def _reduce_scatter_one(gradient, topology, groups):
     world, local_size, nodes, rank = topology
     node, local = divmod(rank, local_size)
+    codec = _codec(gradient.device)
     chunk = math.ceil(gradient.numel() / world)
     padded_chunk = math.ceil(chunk / GROUP) * GROUP
-    flat = torch.zeros(world * chunk, dtype=torch.float32, device=gradient.device)
-    flat[:gradient.numel()] = gradient.reshape(-1)  # exact: every fp16/bf16 value is an fp32 value
-    chunks = torch.zeros(world, padded_chunk, dtype=torch.float32, device=gradient.device)
-    chunks[:, :chunk] = flat.view(world, chunk)
-    # Stage 1, inside the node: local peer j receives the chunks of ranks (m, j) for every node m.
-    per_peer = chunks.view(nodes, local_size, padded_chunk).transpose(0, 1).contiguous()
-    node_sums = _exchange_and_sum(per_peer, groups[f"local_{node}"], local_size)  # [nodes, padded_chunk]
-    # Stage 2, across nodes (ranks with the same local index): node m receives the node sums of its chunk.
-    total = _exchange_and_sum(node_sums, groups[f"global_{local}"], nodes)
+    flat = gradient.reshape(-1).contiguous()
+    if local_size == 1:
+        # One rank per node: block d (chunk d) goes straight to node d.
+        blocks = codec.qgz_encode(flat, nodes, 1, chunk, padded_chunk)
+    else:
+        # Stage 1, inside the node: local peer j gets row m = chunk m * L + j, for every node m; it sums what its
+        # peers sent and re-encodes one row per node.
+        blocks = codec.qgz_encode(flat, local_size, nodes, chunk, padded_chunk)
+        blocks = codec.qgz_reduce_encode(_all_to_all(blocks, groups[f"local_{node}"]), nodes, padded_chunk)
+    # Stage 2, across nodes (ranks with the same local index): node m gets the node sums of its chunk.
+    received = _all_to_all(blocks, groups[f"global_{local}"])
     mine = min(max(gradient.numel() - rank * chunk, 0), chunk)
-    return (total[:mine] / world).to(gradient.dtype)
+    factor = float(torch.tensor(1.0 / world, dtype=torch.float32))  # the mean, as an fp32 value for both codecs
+    return codec.qgz_decode_sum(received, padded_chunk, mine, factor, gradient.dtype)
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""Native CUDA backend: JIT-builds the csrc/ quantizer on first use and serves CUDA tensors with it.
+"""Native CUDA backend: JIT-builds the csrc/ quantizers on first use and serves CUDA tensors with them.
 
 The build (torch.utils.cpp_extension + ninja) is cached on disk per torch/CUDA version and target
 architecture, so only the first process on a machine pays for it; later ones load the cached library.
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 EXTENSION_NAME = "deepspeed_zeropp_quantizer"
-SOURCES = ("binding.cpp", "quantize.cu", "dequantize.cu")
+SOURCES = ("binding.cpp", "quantize.cu", "dequantize.cu", "qgz.cu")
 CACHE_ENV = "DEEPSPEED_ZEROPP_CACHE"
 # The kernels use no architecture-specific ("a"/"f") features, so suffixed entries are built as the plain arch.
 _ARCH_PATTERN = re.compile(r"^(\d+)\.(\d+)[af]?(\+PTX)?$", re.IGNORECASE)
@@ -133,4 +133,21 @@ def dequantize(codes, scales, group_size, dtype):
     """Dequantize flat int8 ``codes`` (numel <= len(scales) * group_size) with 1-D fp32 ``scales`` into ``dtype``."""
     out = torch.empty(codes.numel(), dtype=dtype, device=codes.device)
     _extension().dequantize(codes, scales, group_size, out)
+    return out
+
+
+def qgz_encode(flat, destinations, rows, chunk, padded_chunk):
+    """qgZ: a flat CUDA gradient -> uint8 blocks [destinations, block bytes] (layout: ``qgz_wire``)."""
+    return _extension().qgz_encode(flat, destinations, rows, chunk, padded_chunk)
+
+
+def qgz_reduce_encode(blocks, rows, padded_chunk):
+    """qgZ: received blocks [sources, bytes] of ``rows`` rows -> fp32 sum over sources -> [rows, bytes of one row]."""
+    return _extension().qgz_reduce_encode(blocks, rows, padded_chunk)
+
+
+def qgz_decode_sum(blocks, padded_chunk, count, factor, dtype):
+    """qgZ: received one-row blocks -> the first ``count`` values of (fp32 sum over sources) * factor, in ``dtype``."""
+    out = torch.empty(count, dtype=dtype, device=blocks.device)
+    _extension().qgz_decode_sum(blocks, padded_chunk, factor, out)
     return out

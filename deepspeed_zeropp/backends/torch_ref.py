@@ -6,6 +6,7 @@ to [-128, 127], stored scale 1/multiplier, dequantization in fp32 rounded once t
 """
 import torch
 
+from .. import qgz_wire
 from ..wire import multiplier_from_absmax
 
 
@@ -29,3 +30,9 @@ def dequantize(codes, scales, group_size, dtype):
         group_of = torch.arange(numel, device=codes.device) // group_size
         values = codes.float() * scales[group_of]
     return values.view(-1).to(dtype)
+
+
+# qgZ's codec: the torch implementation lives with its layout in qgz_wire.
+qgz_encode = qgz_wire.encode
+qgz_reduce_encode = qgz_wire.reduce_encode
+qgz_decode_sum = qgz_wire.decode_sum

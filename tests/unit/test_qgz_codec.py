@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from deepspeed_zeropp.qgz import GROUP, dequantize_int4, quantize_int4
+from deepspeed_zeropp.qgz_wire import GROUP, dequantize_int4, quantize_int4
 
 
 def naive(values):

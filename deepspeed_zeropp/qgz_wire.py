@@ -1,0 +1,94 @@
+"""qgZ's 4-bit wire: the codec, the block layout and its pure-torch implementation (the CUDA kernels' reference).
+
+Codec: groups of GROUP values; multiplier = 8 / absmax in fp32 (1.0 for an all-zero group, capped at FLT_MAX),
+codes = round-half-even(value * multiplier) clamped to [-8, 7], two per byte (even index in the low nibble), stored
+scale = 1 / multiplier. A group holding inf or NaN sends codes 0 and scale NaN: it, and only it, arrives as NaN.
+
+Block: what one rank sends one peer in an all-to-all, as raw bytes so that codes and scales travel in one call.
+A block of ``rows`` rows of ``padded_chunk`` values (a multiple of GROUP) is the rows' packed codes
+(``rows * padded_chunk / 2`` bytes), then their fp32 scales (``rows * padded_chunk / GROUP`` of them).
+
+The three steps of qgZ, each implemented here and in ``csrc/qgz.cu`` with the same operations in the same order:
+- :func:`encode`: a gradient (any float dtype) cut into chunks of ``chunk`` values, each zero-padded to
+  ``padded_chunk``; destination d gets a block whose row m is chunk ``m * destinations + d``.
+- :func:`reduce_encode`: blocks from several sources -> per-row fp32 sum, summed over sources in order -> one
+  one-row block per row.
+- :func:`decode_sum`: one-row blocks from several sources -> fp32 sum over sources in order -> times ``factor``
+  -> the gradient's dtype, rounded once.
+"""
+import torch
+
+from .wire import FLT_MAX
+
+BITS = 4
+LEVELS = 1 << (BITS - 1)  # codes in [-8, 7]; multiplier 8 / absmax, as the 8-bit wire format's 128 / absmax
+GROUP = 256  # values per 4-bit group (even: two codes per byte)
+
+
+def block_bytes(rows, padded_chunk):
+    """Bytes of one block: packed codes, then one fp32 scale per group."""
+    return rows * padded_chunk // 2 + rows * (padded_chunk // GROUP) * 4
+
+
+def quantize_int4(values):
+    """fp32 values (numel a multiple of GROUP) -> (uint8, two codes per byte; fp32 scales, one per group)."""
+    grouped = values.reshape(-1, GROUP)
+    absmax = grouped.abs().amax(dim=1)
+    finite = torch.isfinite(absmax)
+    # Tensor / tensor: the correctly rounded quotient, as the kernels compute it (``8.0 / t`` is not).
+    multiplier = torch.where(absmax == 0, torch.ones_like(absmax), torch.full_like(absmax, float(LEVELS)) / absmax)
+    multiplier = multiplier.clamp(max=FLT_MAX)
+    codes = (grouped * multiplier.unsqueeze(1)).round_().clamp_(-LEVELS, LEVELS - 1)
+    codes = torch.where(finite.unsqueeze(1), codes, torch.zeros_like(codes)).to(torch.int16) & 0xF
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+    scales = torch.where(finite, torch.ones_like(multiplier) / multiplier, torch.full_like(absmax, float("nan")))
+    return packed.reshape(-1), scales
+
+
+def dequantize_int4(packed, scales):
+    """Inverse of :func:`quantize_int4`, in fp32."""
+    nibbles = torch.stack([packed & 0xF, packed >> 4], dim=-1).to(torch.int16)
+    codes = torch.where(nibbles >= LEVELS, nibbles - 2 * LEVELS, nibbles).reshape(-1, GROUP)
+    return (codes.float() * scales.unsqueeze(1)).reshape(-1)
+
+
+def _to_blocks(packed, scales, blocks):
+    codes_bytes = packed.numel() // blocks
+    out = torch.empty(blocks, codes_bytes + scales.numel() * 4 // blocks, dtype=torch.uint8, device=packed.device)
+    out[:, :codes_bytes] = packed.view(blocks, -1)
+    out[:, codes_bytes:] = scales.reshape(blocks, -1).view(torch.uint8)
+    return out
+
+
+def _sum_of_sources(blocks, rows, padded_chunk):
+    """fp32 values of every source's rows, summed over sources in order: [rows * padded_chunk]."""
+    codes_bytes = rows * padded_chunk // 2
+    packed = blocks[:, :codes_bytes]
+    scales = blocks[:, codes_bytes:].contiguous().view(torch.float32)
+    values = dequantize_int4(packed.reshape(-1), scales.reshape(-1)).view(blocks.shape[0], -1)
+    total = values[0].clone()
+    for source in values[1:]:
+        total += source
+    return total
+
+
+def encode(flat, destinations, rows, chunk, padded_chunk):
+    """A flat gradient -> uint8 blocks [destinations, block_bytes(rows, padded_chunk)]."""
+    chunks_total = destinations * rows
+    values = torch.zeros(chunks_total * chunk, dtype=torch.float32, device=flat.device)
+    values[:flat.numel()] = flat  # exact: every fp16/bf16 value is an fp32 value
+    chunks = torch.zeros(chunks_total, padded_chunk, dtype=torch.float32, device=flat.device)
+    chunks[:, :chunk] = values.view(chunks_total, chunk)
+    swizzled = chunks.view(rows, destinations, padded_chunk).transpose(0, 1)  # [d, m] = chunk m * destinations + d
+    return _to_blocks(*quantize_int4(swizzled.reshape(-1)), destinations)
+
+
+def reduce_encode(blocks, rows, padded_chunk):
+    """Received blocks [sources, block_bytes(rows, padded_chunk)] -> [rows, block_bytes(1, padded_chunk)]."""
+    return _to_blocks(*quantize_int4(_sum_of_sources(blocks, rows, padded_chunk)), rows)
+
+
+def decode_sum(blocks, padded_chunk, count, factor, dtype):
+    """Received one-row blocks [sources, block_bytes(1, padded_chunk)] -> ``count`` values in ``dtype``.
+    ``factor`` must be an fp32 value (the kernels take it as float)."""
+    return (_sum_of_sources(blocks, 1, padded_chunk)[:count] * factor).to(dtype)

@@ -1,0 +1,41 @@
+"""qgZ's reduce-scatter for all ranks in one process: the collective's data movement (all-to-all = taking block
+j of every sender) around a codec module (``qgz_encode``, ``qgz_reduce_encode``, ``qgz_decode_sum``).
+
+Mirrors deepspeed_zeropp.qgz step for step, so codecs can be compared on whole reductions without processes.
+"""
+import math
+
+import torch
+
+from deepspeed_zeropp.qgz_wire import GROUP
+
+
+def geometry(numel, world):
+    chunk = math.ceil(numel / world)
+    return chunk, math.ceil(chunk / GROUP) * GROUP
+
+
+def reduce_scatter(gradients, local_size, codec):
+    """Every rank's partition of the mean of ``gradients`` (one per rank, rank = node * local_size + local)."""
+    world = len(gradients)
+    nodes = world // local_size
+    numel = gradients[0].numel()
+    chunk, padded = geometry(numel, world)
+    flats = [g.reshape(-1).contiguous() for g in gradients]
+    if local_size == 1:
+        sent = [codec.qgz_encode(flat, nodes, 1, chunk, padded) for flat in flats]
+    else:
+        sent = [codec.qgz_encode(flat, local_size, nodes, chunk, padded) for flat in flats]
+        sent = [
+            codec.qgz_reduce_encode(torch.stack([sent[node * local_size + peer][local]
+                                                 for peer in range(local_size)]), nodes, padded)
+            for node in range(nodes) for local in range(local_size)
+        ]
+    factor = float(torch.tensor(1.0 / world, dtype=torch.float32))
+    results = []
+    for rank in range(world):
+        node, local = divmod(rank, local_size)
+        received = torch.stack([sent[m * local_size + local][node] for m in range(nodes)])
+        mine = min(max(numel - rank * chunk, 0), chunk)
+        results.append(codec.qgz_decode_sum(received, padded, mine, factor, gradients[rank].dtype))
+    return results
