@@ -8,11 +8,21 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <stdexcept>
 #include <tuple>
 
 #include "quantizer.h"
 
 namespace {
+
+// Last-resort argument checks, throwing std::invalid_argument (ValueError) rather than TORCH_CHECK's c10::Error. On
+// the H200 host (torch 2.11, CUDA 13) a c10::Error thrown by an extension built like this one crashed the
+// interpreter, and so did this extension's std exceptions: the Python wrappers (backends/cuda.py) check first.
+template <typename... Args>
+void require(bool ok, const Args&... message)
+{
+    if (!ok) throw std::invalid_argument(c10::str(message...));
+}
 
 dszpp::Format format_of(at::ScalarType type, const char* what)
 {
@@ -20,23 +30,23 @@ dszpp::Format format_of(at::ScalarType type, const char* what)
         case at::kHalf: return dszpp::Format::kHalf;
         case at::kBFloat16: return dszpp::Format::kBFloat16;
         case at::kFloat: return dszpp::Format::kFloat;
-        default: TORCH_CHECK(false, what, " must be float16, bfloat16 or float32, got ", type);
+        default: throw std::invalid_argument(c10::str(what, " must be float16, bfloat16 or float32, got ", type));
     }
 }
 
 void check_flat_cuda(const at::Tensor& t, const char* what)
 {
-    TORCH_CHECK(t.is_cuda(), what, " must be a CUDA tensor");
-    TORCH_CHECK(t.dim() == 1 && t.is_contiguous(), what, " must be flat and contiguous");
+    require(t.is_cuda(), what, " must be a CUDA tensor");
+    require(t.dim() == 1 && t.is_contiguous(), what, " must be flat and contiguous");
 }
 
 std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& input, int64_t groups)
 {
     check_flat_cuda(input, "input");
     const dszpp::Format format = format_of(input.scalar_type(), "input");
-    TORCH_CHECK(groups >= 1 && input.numel() % groups == 0, "groups must be >= 1 and divide numel");
-    TORCH_CHECK(groups <= INT32_MAX, "at most 2^31 - 1 groups are supported");
-    TORCH_CHECK(input.numel() / groups < INT32_MAX - 64, "groups of 2^31 or more elements are not supported");
+    require(groups >= 1 && input.numel() % groups == 0, "groups must be >= 1 and divide numel");
+    require(groups <= INT32_MAX, "at most 2^31 - 1 groups are supported");
+    require(input.numel() / groups < INT32_MAX - 64, "groups of 2^31 or more elements are not supported");
     const c10::cuda::CUDAGuard device_guard(input.device());
     at::Tensor codes = at::empty({input.numel()}, input.options().dtype(at::kChar));
     at::Tensor scales = at::empty({groups}, input.options().dtype(at::kFloat));
@@ -57,11 +67,11 @@ void dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t group
     check_flat_cuda(codes, "codes");
     check_flat_cuda(scales, "scales");
     check_flat_cuda(out, "out");
-    TORCH_CHECK(codes.scalar_type() == at::kChar, "codes must be int8");
-    TORCH_CHECK(scales.scalar_type() == at::kFloat, "scales must be float32");
-    TORCH_CHECK(out.numel() == codes.numel(), "out must have as many elements as codes");
-    TORCH_CHECK(codes.device() == scales.device() && codes.device() == out.device(), "tensors on different devices");
-    TORCH_CHECK(group_size >= 1 && codes.numel() <= scales.numel() * group_size,
+    require(codes.scalar_type() == at::kChar, "codes must be int8");
+    require(scales.scalar_type() == at::kFloat, "scales must be float32");
+    require(out.numel() == codes.numel(), "out must have as many elements as codes");
+    require(codes.device() == scales.device() && codes.device() == out.device(), "tensors on different devices");
+    require(group_size >= 1 && codes.numel() <= scales.numel() * group_size,
                 "codes do not fit the given groups and group_size");
     const dszpp::Format format = format_of(out.scalar_type(), "out");
     const c10::cuda::CUDAGuard device_guard(codes.device());
@@ -84,21 +94,21 @@ int64_t qgz_block_bytes(int64_t rows, int64_t padded_chunk)
 
 void check_qgz_geometry(int64_t rows, int64_t padded_chunk)
 {
-    TORCH_CHECK(rows >= 1 && rows <= INT32_MAX, "rows must be in [1, 2^31), got ", rows);
-    TORCH_CHECK(padded_chunk >= 0 && padded_chunk % kQgzGroup == 0,
+    require(rows >= 1 && rows <= INT32_MAX, "rows must be in [1, 2^31), got ", rows);
+    require(padded_chunk >= 0 && padded_chunk % kQgzGroup == 0,
                 "padded_chunk must be a non-negative multiple of ", kQgzGroup, ", got ", padded_chunk);
 }
 
 // Blocks arrive from an all-to-all: [sources, block bytes], contiguous, 4-byte aligned for the word accesses.
 int check_qgz_blocks(const at::Tensor& blocks, int64_t rows, int64_t padded_chunk)
 {
-    TORCH_CHECK(blocks.is_cuda(), "blocks must be a CUDA tensor");
-    TORCH_CHECK(blocks.scalar_type() == at::kByte, "blocks must be uint8, got ", blocks.scalar_type());
-    TORCH_CHECK(blocks.dim() == 2 && blocks.is_contiguous(), "blocks must be 2-D [sources, bytes] and contiguous");
-    TORCH_CHECK(blocks.size(1) == qgz_block_bytes(rows, padded_chunk),
+    require(blocks.is_cuda(), "blocks must be a CUDA tensor");
+    require(blocks.scalar_type() == at::kByte, "blocks must be uint8, got ", blocks.scalar_type());
+    require(blocks.dim() == 2 && blocks.is_contiguous(), "blocks must be 2-D [sources, bytes] and contiguous");
+    require(blocks.size(1) == qgz_block_bytes(rows, padded_chunk),
                 "blocks hold ", blocks.size(1), " bytes per source, expected ", qgz_block_bytes(rows, padded_chunk));
-    TORCH_CHECK(blocks.size(0) >= 1 && blocks.size(0) <= INT32_MAX, "blocks need 1 to 2^31 - 1 sources");
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(blocks.data_ptr()) % 4 == 0, "blocks must be 4-byte aligned");
+    require(blocks.size(0) >= 1 && blocks.size(0) <= INT32_MAX, "blocks need 1 to 2^31 - 1 sources");
+    require(reinterpret_cast<uintptr_t>(blocks.data_ptr()) % 4 == 0, "blocks must be 4-byte aligned");
     return static_cast<int>(blocks.size(0));
 }
 
@@ -107,9 +117,9 @@ at::Tensor qgz_encode(const at::Tensor& input, int64_t destinations, int64_t row
     check_flat_cuda(input, "input");
     const dszpp::Format format = format_of(input.scalar_type(), "input");
     check_qgz_geometry(rows, padded_chunk);
-    TORCH_CHECK(destinations >= 1 && destinations <= INT32_MAX, "destinations must be in [1, 2^31)");
-    TORCH_CHECK(chunk >= 0 && chunk <= padded_chunk, "chunk must be in [0, padded_chunk]");
-    TORCH_CHECK(destinations * rows * chunk >= input.numel(), "destinations * rows chunks do not cover the input");
+    require(destinations >= 1 && destinations <= INT32_MAX, "destinations must be in [1, 2^31)");
+    require(chunk >= 0 && chunk <= padded_chunk, "chunk must be in [0, padded_chunk]");
+    require(destinations * rows * chunk >= input.numel(), "destinations * rows chunks do not cover the input");
     const c10::cuda::CUDAGuard device_guard(input.device());
     at::Tensor out = at::empty({destinations, qgz_block_bytes(rows, padded_chunk)}, input.options().dtype(at::kByte));
     dszpp::launch_qgz_encode(format,
@@ -147,8 +157,8 @@ void qgz_decode_sum(const at::Tensor& blocks, int64_t padded_chunk, double facto
     check_qgz_geometry(1, padded_chunk);
     const int sources = check_qgz_blocks(blocks, 1, padded_chunk);
     check_flat_cuda(out, "out");
-    TORCH_CHECK(out.device() == blocks.device(), "out and blocks on different devices");
-    TORCH_CHECK(out.numel() <= padded_chunk, "out has more elements than a chunk");
+    require(out.device() == blocks.device(), "out and blocks on different devices");
+    require(out.numel() <= padded_chunk, "out has more elements than a chunk");
     const dszpp::Format format = format_of(out.scalar_type(), "out");
     const c10::cuda::CUDAGuard device_guard(blocks.device());
     dszpp::launch_qgz_decode_sum(format,

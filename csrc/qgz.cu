@@ -2,7 +2,8 @@
 //
 // Each lane owns 8 consecutive values of its warp's group, which are exactly one 32-bit word of packed codes, so
 // every code load and store is one coalesced word per lane, and the group's absmax is a warp shuffle reduction: no
-// shared memory, no block barrier. The three kernels are the three steps of the reduce-scatter:
+// shared memory, no block barrier. Loads are batched (several groups, or several sources, per warp) so that enough
+// bytes are in flight to approach memory bandwidth. The three kernels are the three steps of the reduce-scatter:
 //   encode         gradient (fp16/bf16/fp32) -> blocks of codes+scales, one per destination, in the swizzled order
 //                  the all-to-all needs (the layout is computed from indices; the gradient is read once).
 //   reduce_encode  received blocks -> fp32 sum over sources -> codes+scales again (the node-local partial sums).
@@ -23,38 +24,52 @@ constexpr int kPerLane = kGroup / 32;     // 8 values = 8 nibbles = one 32-bit w
 constexpr int kWarps = 8;                 // warps (groups) per block
 constexpr int kLevels = 8;                // codes in [-8, 7]
 
-__device__ __forceinline__ uint32_t warp_max(uint32_t v)
+// Quantizes kGroups groups, a lane's 8 fp32 values of each, against each group's absmax (found from magnitude bits:
+// NaN > inf > finite, so the max keeps a NaN), and writes the lane's code word and, from lane 0, the group's scale.
+// The groups' shuffle reductions are interleaved step by step, so their latencies overlap. `valid` is warp-uniform:
+// an invalid group (past the end) takes part in the shuffles but stores nothing.
+template <int kGroups>
+__device__ __forceinline__ void quantize_groups(const float (&values)[kGroups][kPerLane],
+                                                const bool (&valid)[kGroups],
+                                                uint32_t* const (&code_words)[kGroups],
+                                                float* const (&scales)[kGroups])
 {
+    uint32_t magnitude[kGroups];
 #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
-    return v;
-}
-
-// Quantizes a lane's 8 fp32 values against the warp's absmax (found from magnitude bits: NaN > inf > finite, so the
-// max keeps a NaN) and writes the lane's code word and, from lane 0, the group's scale.
-__device__ __forceinline__ void quantize_group(const float (&values)[kPerLane],
-                                               uint32_t* __restrict__ code_word,
-                                               float* __restrict__ scale)
-{
-    uint32_t magnitude = 0;
+    for (int k = 0; k < kGroups; ++k) {
+        magnitude[k] = 0;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) magnitude = max(magnitude, __float_as_uint(values[i]) & 0x7fffffffu);
-    const float absmax = __uint_as_float(warp_max(magnitude));
-    const bool finite = absmax <= FLT_MAX;
-    // Correctly rounded 8 / absmax and 1 / multiplier (double, rounded once to float: exact for these quotients).
-    const float multiplier = absmax == 0.f ? 1.f : fminf(static_cast<float>(8.0 / absmax), FLT_MAX);
-    uint32_t word = 0;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-        const int code = finite ? min(max(__float2int_rn(__fmul_rn(values[i], multiplier)), -kLevels), kLevels - 1)
-                                : 0;
-        word |= (static_cast<uint32_t>(code) & 0xfu) << (4 * i);
+        for (int i = 0; i < kPerLane; ++i) magnitude[k] = max(magnitude[k], __float_as_uint(values[k][i]) & 0x7fffffffu);
     }
-    *code_word = word;
-    if (threadIdx.x % 32 == 0) *scale = finite ? static_cast<float>(1.0 / multiplier) : NAN;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+#pragma unroll
+        for (int k = 0; k < kGroups; ++k)
+            magnitude[k] = max(magnitude[k], __shfl_xor_sync(0xffffffffu, magnitude[k], offset));
+#pragma unroll
+    for (int k = 0; k < kGroups; ++k) {
+        const float absmax = __uint_as_float(magnitude[k]);
+        const bool finite = absmax <= FLT_MAX;
+        // IEEE (correctly rounded) 8 / absmax and 1 / multiplier, as torch divides tensors; no flush to zero.
+        const float multiplier = absmax == 0.f ? 1.f : fminf(__fdiv_rn(8.f, absmax), FLT_MAX);
+        uint32_t word = 0;
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) {
+            const int code =
+                finite ? min(max(__float2int_rn(__fmul_rn(values[k][i], multiplier)), -kLevels), kLevels - 1) : 0;
+            word |= (static_cast<uint32_t>(code) & 0xfu) << (4 * i);
+        }
+        if (valid[k]) {
+            *code_words[k] = word;
+            if (threadIdx.x % 32 == 0) *scales[k] = finite ? __fdiv_rn(1.f, multiplier) : NAN;
+        }
+    }
 }
 
-// acc[i] = sum over sources s (in order) of code_s[i] * scale_s, every product and sum rounded to fp32.
+// acc[i] = sum over sources s (in order) of code_s[i] * scale_s, every product and sum rounded to fp32. Sources are
+// read kSourceBatch at a time, all loads issued before the first sum.
+constexpr int kSourceBatch = 4;
+
 __device__ __forceinline__ void dequantize_sum(const uint8_t* __restrict__ blocks,
                                                int64_t block_bytes,
                                                int sources,
@@ -62,15 +77,27 @@ __device__ __forceinline__ void dequantize_sum(const uint8_t* __restrict__ block
                                                int64_t scale_offset,
                                                float (&acc)[kPerLane])
 {
-    for (int s = 0; s < sources; ++s) {
-        const uint8_t* block = blocks + s * block_bytes;
-        const uint32_t word = *reinterpret_cast<const uint32_t*>(block + word_offset);
-        const float scale = *reinterpret_cast<const float*>(block + scale_offset);
+    for (int first = 0; first < sources; first += kSourceBatch) {
+        uint32_t words[kSourceBatch];
+        float scales[kSourceBatch];
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
-            const int code = static_cast<int32_t>(word << (28 - 4 * i)) >> 28;  // sign-extends nibble i
-            const float value = __fmul_rn(static_cast<float>(code), scale);
-            acc[i] = s == 0 ? value : __fadd_rn(acc[i], value);
+        for (int b = 0; b < kSourceBatch; ++b) {
+            if (first + b < sources) {
+                const uint8_t* block = blocks + (first + b) * block_bytes;
+                words[b] = *reinterpret_cast<const uint32_t*>(block + word_offset);
+                scales[b] = *reinterpret_cast<const float*>(block + scale_offset);
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < kSourceBatch; ++b) {
+            if (first + b < sources) {
+#pragma unroll
+                for (int i = 0; i < kPerLane; ++i) {
+                    const int code = static_cast<int32_t>(words[b] << (28 - 4 * i)) >> 28;  // sign-extends nibble i
+                    const float value = __fmul_rn(static_cast<float>(code), scales[b]);
+                    acc[i] = first + b == 0 ? value : __fadd_rn(acc[i], value);
+                }
+            }
         }
     }
 }
@@ -85,7 +112,9 @@ __device__ __forceinline__ Warp this_warp()
     return {static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32, static_cast<int>(threadIdx.x % 32)};
 }
 
-template <typename Fmt>
+// Each warp encodes kGroupsPerWarp consecutive groups (ordered by destination, row, group) in phases: every group's
+// loads, then the interleaved reductions, then the stores. One group per warp at a time kept too few bytes in flight.
+template <typename Fmt, int kGroupsPerWarp>
 __global__ void __launch_bounds__(kWarps * 32) encode_kernel(const typename Fmt::Bits* __restrict__ input,
                                                              int64_t numel,
                                                              int64_t chunk,
@@ -99,35 +128,40 @@ __global__ void __launch_bounds__(kWarps * 32) encode_kernel(const typename Fmt:
     using Bits = typename Fmt::Bits;
     using InPacket = PacketOf<Bits, kPerLane>;
     const Warp warp = this_warp();
-    if (warp.index >= total_groups) return;
     const int64_t groups_per_row = padded_chunk / kGroup;
-    const int64_t row_index = warp.index / groups_per_row;
-    const int64_t group = warp.index - row_index * groups_per_row;
-    const int destination = static_cast<int>(row_index / rows);
-    const int row = static_cast<int>(row_index - static_cast<int64_t>(destination) * rows);
-    const int64_t source_chunk = static_cast<int64_t>(row) * destinations + destination;
-    const int64_t column = group * kGroup + warp.lane * kPerLane;  // within the chunk
-    const int64_t first = source_chunk * chunk + column;            // within the gradient
-
-    float values[kPerLane];
-    const Bits* at = input + first;
-    if (column + kPerLane <= chunk && first + kPerLane <= numel && reinterpret_cast<uintptr_t>(at) % 16 == 0) {
-        InPacket packet;
+    float values[kGroupsPerWarp][kPerLane];
+    bool valid[kGroupsPerWarp];
+    uint32_t* code_words[kGroupsPerWarp];
+    float* scales[kGroupsPerWarp];
 #pragma unroll
-        for (int r = 0; r < sizeof(packet.raw) / sizeof(packet.raw[0]); ++r)
-            packet.raw[r] = reinterpret_cast<const InPacket*>(at)->raw[r];
+    for (int k = 0; k < kGroupsPerWarp; ++k) {
+        const int64_t index = min(warp.index * kGroupsPerWarp + k, total_groups - 1);  // clamped: loads stay inside
+        valid[k] = warp.index * kGroupsPerWarp + k < total_groups;
+        const int64_t row_index = index / groups_per_row;
+        const int64_t group = index - row_index * groups_per_row;
+        const int destination = static_cast<int>(row_index / rows);
+        const int row = static_cast<int>(row_index - static_cast<int64_t>(destination) * rows);
+        const int64_t column = group * kGroup + warp.lane * kPerLane;                          // within the chunk
+        const int64_t first = (static_cast<int64_t>(row) * destinations + destination) * chunk + column;  // gradient
+        const Bits* at = input + first;
+        if (column + kPerLane <= chunk && first + kPerLane <= numel && reinterpret_cast<uintptr_t>(at) % 16 == 0) {
+            InPacket packet;
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) values[i] = Fmt::to_float(packet.e[i]);
-    } else {  // the chunk's padding, the gradient's end, or a start that is not 16-byte aligned
+            for (int r = 0; r < sizeof(packet.raw) / sizeof(packet.raw[0]); ++r)
+                packet.raw[r] = reinterpret_cast<const InPacket*>(at)->raw[r];
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i)
-            values[i] = column + i < chunk && first + i < numel ? Fmt::to_float(at[i]) : 0.f;
+            for (int i = 0; i < kPerLane; ++i) values[k][i] = Fmt::to_float(packet.e[i]);
+        } else {  // the chunk's padding, the gradient's end, or a start that is not 16-byte aligned
+#pragma unroll
+            for (int i = 0; i < kPerLane; ++i)
+                values[k][i] = column + i < chunk && first + i < numel ? Fmt::to_float(at[i]) : 0.f;
+        }
+        uint8_t* block = out + destination * block_bytes;
+        const int64_t row_group = static_cast<int64_t>(row) * groups_per_row + group;
+        code_words[k] = reinterpret_cast<uint32_t*>(block + row_group * (kGroup / 2)) + warp.lane;
+        scales[k] = reinterpret_cast<float*>(block + rows * padded_chunk / 2) + row_group;
     }
-    uint8_t* block = out + destination * block_bytes;
-    const int64_t row_group = static_cast<int64_t>(row) * groups_per_row + group;
-    quantize_group(values,
-                   reinterpret_cast<uint32_t*>(block + row_group * (kGroup / 2)) + warp.lane,
-                   reinterpret_cast<float*>(block + rows * padded_chunk / 2) + row_group);
+    quantize_groups<kGroupsPerWarp>(values, valid, code_words, scales);
 }
 
 __global__ void __launch_bounds__(kWarps * 32) reduce_encode_kernel(const uint8_t* __restrict__ in,
@@ -144,12 +178,13 @@ __global__ void __launch_bounds__(kWarps * 32) reduce_encode_kernel(const uint8_
     const int64_t group = warp.index - row * groups_per_row;
     const int64_t in_codes = rows * padded_chunk / 2;
     const int64_t in_block = in_codes + rows * groups_per_row * 4;
-    float acc[kPerLane];
-    dequantize_sum(in, in_block, sources, warp.index * (kGroup / 2) + warp.lane * 4, in_codes + warp.index * 4, acc);
+    float acc[1][kPerLane];
+    dequantize_sum(in, in_block, sources, warp.index * (kGroup / 2) + warp.lane * 4, in_codes + warp.index * 4, acc[0]);
     uint8_t* block = out + row * (padded_chunk / 2 + groups_per_row * 4);
-    quantize_group(acc,
-                   reinterpret_cast<uint32_t*>(block + group * (kGroup / 2)) + warp.lane,
-                   reinterpret_cast<float*>(block + padded_chunk / 2) + group);
+    uint32_t* const code_words[1] = {reinterpret_cast<uint32_t*>(block + group * (kGroup / 2)) + warp.lane};
+    float* const scales[1] = {reinterpret_cast<float*>(block + padded_chunk / 2) + group};
+    const bool valid[1] = {true};
+    quantize_groups<1>(acc, valid, code_words, scales);
 }
 
 template <typename Fmt>
@@ -183,7 +218,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_sum_kernel(const uint8_t* 
     }
 }
 
-int64_t blocks_for(int64_t groups) { return (groups + kWarps - 1) / kWarps; }
+int64_t blocks_for(int64_t warps) { return (warps + kWarps - 1) / kWarps; }
 
 template <typename Fmt>
 void encode(const void* input,
@@ -195,10 +230,13 @@ void encode(const void* input,
             uint8_t* out,
             cudaStream_t stream)
 {
+    // 64 bytes of gradient per lane in flight: 4 groups of 16-bit values, 2 of fp32.
+    constexpr int kGroupsPerWarp = 8 / sizeof(typename Fmt::Bits);
     const int64_t groups = static_cast<int64_t>(destinations) * rows * (padded_chunk / kGroup);
     const int64_t block_bytes = rows * padded_chunk / 2 + rows * (padded_chunk / kGroup) * 4;
     if (groups == 0) return;
-    encode_kernel<Fmt><<<blocks_for(groups), kWarps * 32, 0, stream>>>(static_cast<const typename Fmt::Bits*>(input),
+    const int64_t warps = (groups + kGroupsPerWarp - 1) / kGroupsPerWarp;
+    encode_kernel<Fmt, kGroupsPerWarp><<<blocks_for(warps), kWarps * 32, 0, stream>>>(static_cast<const typename Fmt::Bits*>(input),
                                                                         numel,
                                                                         chunk,
                                                                         padded_chunk,

@@ -136,18 +136,60 @@ def dequantize(codes, scales, group_size, dtype):
     return out
 
 
+QGZ_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _check_qgz(condition, message):
+    """Arguments are checked here, before the extension: an exception thrown inside it (std or c10) crashed the
+    interpreter on the H200 host (torch 2.11, CUDA 13) instead of raising."""
+    if not condition:
+        raise ValueError(f"deepspeed_zeropp qgZ kernels: {message}")
+
+
+def _check_blocks(blocks, rows, padded_chunk):
+    from ..qgz_wire import block_bytes
+    _check_qgz(blocks.is_cuda and blocks.dtype == torch.uint8 and blocks.dim() == 2 and blocks.is_contiguous(),
+               f"blocks must be a contiguous 2-D uint8 CUDA tensor [sources, bytes], got {blocks.dtype} "
+               f"{tuple(blocks.shape)} on {blocks.device}")
+    _check_qgz(blocks.shape[0] >= 1 and blocks.shape[1] == block_bytes(rows, padded_chunk),
+               f"blocks hold {blocks.shape[1]} bytes per source, expected {block_bytes(rows, padded_chunk)} "
+               f"({rows} rows of {padded_chunk})")
+    _check_qgz(blocks.data_ptr() % 4 == 0, "blocks must be 4-byte aligned")
+
+
+def _check_geometry(rows, padded_chunk):
+    from ..qgz_wire import GROUP
+    _check_qgz(rows >= 1, f"rows must be >= 1, got {rows}")
+    _check_qgz(padded_chunk >= 0 and padded_chunk % GROUP == 0,
+               f"padded_chunk must be a non-negative multiple of {GROUP}, got {padded_chunk}")
+
+
 def qgz_encode(flat, destinations, rows, chunk, padded_chunk):
     """qgZ: a flat CUDA gradient -> uint8 blocks [destinations, block bytes] (layout: ``qgz_wire``)."""
+    _check_qgz(flat.is_cuda and flat.dim() == 1 and flat.is_contiguous(),
+               "the gradient must be a flat contiguous CUDA tensor")
+    _check_qgz(flat.dtype in QGZ_DTYPES, f"the gradient must be float16, bfloat16 or float32, got {flat.dtype}")
+    _check_geometry(rows, padded_chunk)
+    _check_qgz(destinations >= 1 and 0 <= chunk <= padded_chunk,
+               f"need destinations >= 1 and 0 <= chunk <= padded_chunk, got {destinations}, {chunk}, {padded_chunk}")
+    _check_qgz(destinations * rows * chunk >= flat.numel(),
+               f"{destinations} x {rows} chunks of {chunk} do not cover the input's {flat.numel()} values")
     return _extension().qgz_encode(flat, destinations, rows, chunk, padded_chunk)
 
 
 def qgz_reduce_encode(blocks, rows, padded_chunk):
     """qgZ: received blocks [sources, bytes] of ``rows`` rows -> fp32 sum over sources -> [rows, bytes of one row]."""
+    _check_geometry(rows, padded_chunk)
+    _check_blocks(blocks, rows, padded_chunk)
     return _extension().qgz_reduce_encode(blocks, rows, padded_chunk)
 
 
 def qgz_decode_sum(blocks, padded_chunk, count, factor, dtype):
     """qgZ: received one-row blocks -> the first ``count`` values of (fp32 sum over sources) * factor, in ``dtype``."""
+    _check_geometry(1, padded_chunk)
+    _check_blocks(blocks, 1, padded_chunk)
+    _check_qgz(dtype in QGZ_DTYPES, f"the output dtype must be float16, bfloat16 or float32, got {dtype}")
+    _check_qgz(0 <= count <= padded_chunk, f"count must be in [0, padded_chunk], got {count}")
     out = torch.empty(count, dtype=dtype, device=blocks.device)
     _extension().qgz_decode_sum(blocks, padded_chunk, factor, out)
     return out

@@ -120,13 +120,14 @@ def test_whole_reduce_scatter_matches_reference(world, local_size, dtype):
 
 
 def test_bad_geometry_is_refused_with_the_reason():
+    """Bad arguments raise ValueError naming the argument, before any launch on bad memory."""
     x = torch.randn(1000, device="cuda")
-    with pytest.raises(RuntimeError, match="padded_chunk must be a non-negative multiple of 256"):
+    with pytest.raises(ValueError, match="padded_chunk must be a non-negative multiple of 256"):
         cuda_backend.qgz_encode(x, 2, 1, 500, 500)
-    with pytest.raises(RuntimeError, match="do not cover the input"):
+    with pytest.raises(ValueError, match="do not cover the input"):
         cuda_backend.qgz_encode(x, 2, 1, 256, 256)
-    with pytest.raises(RuntimeError, match="must be float16, bfloat16 or float32"):
+    with pytest.raises(ValueError, match="must be float16, bfloat16 or float32, got torch.float64"):
         cuda_backend.qgz_encode(x.double(), 2, 1, 500, 512)
     blocks = cuda_backend.qgz_encode(x, 2, 1, 500, 512)
-    with pytest.raises(RuntimeError, match="bytes per source, expected"):
+    with pytest.raises(ValueError, match="bytes per source, expected"):
         cuda_backend.qgz_reduce_encode(blocks, 2, 512)
