@@ -25,14 +25,12 @@ constexpr int kWarps = 8;                 // warps (groups) per block
 constexpr int kLevels = 8;                // codes in [-8, 7]
 
 // Quantizes kGroups groups, a lane's 8 fp32 values of each, against each group's absmax (found from magnitude bits:
-// NaN > inf > finite, so the max keeps a NaN), and writes the lane's code word and, from lane 0, the group's scale.
-// The groups' shuffle reductions are interleaved step by step, so their latencies overlap. `valid` is warp-uniform:
-// an invalid group (past the end) takes part in the shuffles but stores nothing.
+// NaN > inf > finite, so the max keeps a NaN): returns the lane's code word and the group's scale per group. The
+// groups' shuffle reductions are interleaved step by step, so their latencies overlap.
 template <int kGroups>
 __device__ __forceinline__ void quantize_groups(const float (&values)[kGroups][kPerLane],
-                                                const bool (&valid)[kGroups],
-                                                uint32_t* const (&code_words)[kGroups],
-                                                float* const (&scales)[kGroups])
+                                                uint32_t (&words)[kGroups],
+                                                float (&scales)[kGroups])
 {
     uint32_t magnitude[kGroups];
 #pragma unroll
@@ -52,17 +50,14 @@ __device__ __forceinline__ void quantize_groups(const float (&values)[kGroups][k
         const bool finite = absmax <= FLT_MAX;
         // IEEE (correctly rounded) 8 / absmax and 1 / multiplier, as torch divides tensors; no flush to zero.
         const float multiplier = absmax == 0.f ? 1.f : fminf(__fdiv_rn(8.f, absmax), FLT_MAX);
-        uint32_t word = 0;
+        words[k] = 0;
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) {
             const int code =
                 finite ? min(max(__float2int_rn(__fmul_rn(values[k][i], multiplier)), -kLevels), kLevels - 1) : 0;
-            word |= (static_cast<uint32_t>(code) & 0xfu) << (4 * i);
+            words[k] |= (static_cast<uint32_t>(code) & 0xfu) << (4 * i);
         }
-        if (valid[k]) {
-            *code_words[k] = word;
-            if (threadIdx.x % 32 == 0) *scales[k] = finite ? __fdiv_rn(1.f, multiplier) : NAN;
-        }
+        scales[k] = finite ? __fdiv_rn(1.f, multiplier) : NAN;
     }
 }
 
@@ -102,6 +97,28 @@ __device__ __forceinline__ void dequantize_sum(const uint8_t* __restrict__ block
     }
 }
 
+// A lane's 8 values from one 16-byte aligned address (one or two 16-byte loads), widened to fp32 from the loaded
+// 32-bit words by shifts and masks, all in registers.
+template <typename Fmt>
+__device__ __forceinline__ void load_lane(const typename Fmt::Bits* at, float (&values)[kPerLane])
+{
+    const uint4* vectors = reinterpret_cast<const uint4*>(at);
+    if constexpr (sizeof(typename Fmt::Bits) == 2) {
+        const uint4 raw = vectors[0];
+        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {  // little-endian: the even element is the low half
+            values[2 * j] = Fmt::to_float(words[j] & 0xffffu);
+            values[2 * j + 1] = Fmt::to_float(words[j] >> 16);
+        }
+    } else {
+        const uint4 low = vectors[0], high = vectors[1];
+        const uint32_t words[8] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) values[j] = Fmt::to_float(words[j]);
+    }
+}
+
 struct Warp {
     int64_t index;  // global group index
     int lane;
@@ -126,42 +143,55 @@ __global__ void __launch_bounds__(kWarps * 32) encode_kernel(const typename Fmt:
                                                              int64_t total_groups)
 {
     using Bits = typename Fmt::Bits;
-    using InPacket = PacketOf<Bits, kPerLane>;
     const Warp warp = this_warp();
-    const int64_t groups_per_row = padded_chunk / kGroup;
+    // 32-bit index arithmetic (the host keeps group counts below 2^31): 64-bit divisions cost more instructions per
+    // group than the quantization itself. The first group's place takes two divisions, the next ones a carry.
+    const uint32_t groups_per_row = static_cast<uint32_t>(padded_chunk / kGroup);
+    const uint32_t first_index = static_cast<uint32_t>(warp.index) * kGroupsPerWarp;
+    uint32_t row_index = first_index / groups_per_row;
+    uint32_t group = first_index - row_index * groups_per_row;
+    uint32_t destination = row_index / rows;
+    uint32_t row = row_index - destination * rows;
     float values[kGroupsPerWarp][kPerLane];
     bool valid[kGroupsPerWarp];
-    uint32_t* code_words[kGroupsPerWarp];
-    float* scales[kGroupsPerWarp];
+    uint32_t destinations_of[kGroupsPerWarp], row_groups[kGroupsPerWarp];  // where each group's codes go
 #pragma unroll
     for (int k = 0; k < kGroupsPerWarp; ++k) {
-        const int64_t index = min(warp.index * kGroupsPerWarp + k, total_groups - 1);  // clamped: loads stay inside
-        valid[k] = warp.index * kGroupsPerWarp + k < total_groups;
-        const int64_t row_index = index / groups_per_row;
-        const int64_t group = index - row_index * groups_per_row;
-        const int destination = static_cast<int>(row_index / rows);
-        const int row = static_cast<int>(row_index - static_cast<int64_t>(destination) * rows);
-        const int64_t column = group * kGroup + warp.lane * kPerLane;                          // within the chunk
+        if (k > 0 && ++group == groups_per_row) {
+            group = 0;
+            if (++row == static_cast<uint32_t>(rows)) {
+                row = 0;
+                ++destination;
+            }
+        }
+        valid[k] = first_index + k < total_groups;  // warp-uniform
+        const int64_t column = static_cast<int64_t>(group) * kGroup + warp.lane * kPerLane;      // within the chunk
         const int64_t first = (static_cast<int64_t>(row) * destinations + destination) * chunk + column;  // gradient
         const Bits* at = input + first;
-        if (column + kPerLane <= chunk && first + kPerLane <= numel && reinterpret_cast<uintptr_t>(at) % 16 == 0) {
-            InPacket packet;
+        if (!valid[k]) {
 #pragma unroll
-            for (int r = 0; r < sizeof(packet.raw) / sizeof(packet.raw[0]); ++r)
-                packet.raw[r] = reinterpret_cast<const InPacket*>(at)->raw[r];
-#pragma unroll
-            for (int i = 0; i < kPerLane; ++i) values[k][i] = Fmt::to_float(packet.e[i]);
+            for (int i = 0; i < kPerLane; ++i) values[k][i] = 0.f;
+        } else if (column + kPerLane <= chunk && first + kPerLane <= numel &&
+                   reinterpret_cast<uintptr_t>(at) % 16 == 0) {
+            load_lane<Fmt>(at, values[k]);
         } else {  // the chunk's padding, the gradient's end, or a start that is not 16-byte aligned
 #pragma unroll
             for (int i = 0; i < kPerLane; ++i)
                 values[k][i] = column + i < chunk && first + i < numel ? Fmt::to_float(at[i]) : 0.f;
         }
-        uint8_t* block = out + destination * block_bytes;
-        const int64_t row_group = static_cast<int64_t>(row) * groups_per_row + group;
-        code_words[k] = reinterpret_cast<uint32_t*>(block + row_group * (kGroup / 2)) + warp.lane;
-        scales[k] = reinterpret_cast<float*>(block + rows * padded_chunk / 2) + row_group;
+        destinations_of[k] = destination;
+        row_groups[k] = row * groups_per_row + group;
     }
-    quantize_groups<kGroupsPerWarp>(values, valid, code_words, scales);
+    uint32_t words[kGroupsPerWarp];
+    float scales[kGroupsPerWarp];
+    quantize_groups<kGroupsPerWarp>(values, words, scales);
+#pragma unroll
+    for (int k = 0; k < kGroupsPerWarp; ++k) {
+        if (!valid[k]) break;
+        uint8_t* block = out + destinations_of[k] * block_bytes;
+        reinterpret_cast<uint32_t*>(block + row_groups[k] * int64_t(kGroup / 2))[warp.lane] = words[k];
+        if (warp.lane == 0) reinterpret_cast<float*>(block + rows * padded_chunk / 2)[row_groups[k]] = scales[k];
+    }
 }
 
 __global__ void __launch_bounds__(kWarps * 32) reduce_encode_kernel(const uint8_t* __restrict__ in,
@@ -173,18 +203,19 @@ __global__ void __launch_bounds__(kWarps * 32) reduce_encode_kernel(const uint8_
 {
     const Warp warp = this_warp();
     if (warp.index >= total_groups) return;
-    const int64_t groups_per_row = padded_chunk / kGroup;
-    const int64_t row = warp.index / groups_per_row;
-    const int64_t group = warp.index - row * groups_per_row;
+    const uint32_t groups_per_row = static_cast<uint32_t>(padded_chunk / kGroup);  // 32-bit: see encode_kernel
+    const uint32_t row = static_cast<uint32_t>(warp.index) / groups_per_row;
+    const uint32_t group = static_cast<uint32_t>(warp.index) - row * groups_per_row;
     const int64_t in_codes = rows * padded_chunk / 2;
-    const int64_t in_block = in_codes + rows * groups_per_row * 4;
+    const int64_t in_block = in_codes + rows * static_cast<int64_t>(groups_per_row) * 4;
     float acc[1][kPerLane];
     dequantize_sum(in, in_block, sources, warp.index * (kGroup / 2) + warp.lane * 4, in_codes + warp.index * 4, acc[0]);
-    uint8_t* block = out + row * (padded_chunk / 2 + groups_per_row * 4);
-    uint32_t* const code_words[1] = {reinterpret_cast<uint32_t*>(block + group * (kGroup / 2)) + warp.lane};
-    float* const scales[1] = {reinterpret_cast<float*>(block + padded_chunk / 2) + group};
-    const bool valid[1] = {true};
-    quantize_groups<1>(acc, valid, code_words, scales);
+    uint32_t words[1];
+    float scales[1];
+    quantize_groups<1>(acc, words, scales);
+    uint8_t* block = out + row * (padded_chunk / 2 + static_cast<int64_t>(groups_per_row) * 4);
+    reinterpret_cast<uint32_t*>(block + group * int64_t(kGroup / 2))[warp.lane] = words[0];
+    if (warp.lane == 0) reinterpret_cast<float*>(block + padded_chunk / 2)[group] = scales[0];
 }
 
 template <typename Fmt>

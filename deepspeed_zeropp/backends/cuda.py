@@ -172,6 +172,7 @@ def qgz_encode(flat, destinations, rows, chunk, padded_chunk):
     _check_geometry(rows, padded_chunk)
     _check_qgz(destinations >= 1 and 0 <= chunk <= padded_chunk,
                f"need destinations >= 1 and 0 <= chunk <= padded_chunk, got {destinations}, {chunk}, {padded_chunk}")
+    _check_qgz(destinations * rows * (padded_chunk // 256) < 2**31, "at most 2^31 - 1 groups of 256 per call")
     _check_qgz(destinations * rows * chunk >= flat.numel(),
                f"{destinations} x {rows} chunks of {chunk} do not cover the input's {flat.numel()} values")
     return _extension().qgz_encode(flat, destinations, rows, chunk, padded_chunk)
