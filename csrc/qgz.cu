@@ -24,39 +24,57 @@ constexpr int kPerLane = kGroup / 32;     // 8 values = 8 nibbles = one 32-bit w
 constexpr int kWarps = 8;                 // warps (groups) per block
 constexpr int kLevels = 8;                // codes in [-8, 7]
 
-// Quantizes kGroups groups, a lane's 8 fp32 values of each, against each group's absmax (found from magnitude bits:
-// NaN > inf > finite, so the max keeps a NaN): returns the lane's code word and the group's scale per group. The
-// groups' shuffle reductions are interleaved step by step, so their latencies overlap.
+// max(a, b), NaN if either is NaN (fmaxf drops a NaN): one instruction from sm_80 on.
+__device__ __forceinline__ float max_keeping_nan(float a, float b)
+{
+#if __CUDA_ARCH__ >= 800
+    float d;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+#else
+    return a != a || b != b ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+#endif
+}
+
+// Adding 1.5 * 2^23 rounds a float of magnitude < 2^22 to an integer, half to even (the add's own rounding), and
+// leaves that integer in the low mantissa bits: code = bits - 0x4B400000, so its low nibble is the 4-bit code.
+constexpr float kRoundingBias = 12582912.f;
+
+// Quantizes kGroups groups, a lane's 8 fp32 values of each: returns the lane's code word and the group's scale per
+// group. The kernel is bound by instruction throughput rather than memory, so every per-value step is one FP32
+// instruction where it can be (absmax by a NaN-keeping float max of |value|; clamp to [-8, 7] before rounding, which
+// equals clamping after it; rounding by the bias add) and only the nibble packing uses the slower integer pipe.
+// The groups' shuffle reductions are interleaved step by step, so their latencies overlap.
 template <int kGroups>
 __device__ __forceinline__ void quantize_groups(const float (&values)[kGroups][kPerLane],
                                                 uint32_t (&words)[kGroups],
                                                 float (&scales)[kGroups])
 {
-    uint32_t magnitude[kGroups];
+    float absmax[kGroups];
 #pragma unroll
     for (int k = 0; k < kGroups; ++k) {
-        magnitude[k] = 0;
+        absmax[k] = 0.f;
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) magnitude[k] = max(magnitude[k], __float_as_uint(values[k][i]) & 0x7fffffffu);
+        for (int i = 0; i < kPerLane; ++i) absmax[k] = max_keeping_nan(absmax[k], fabsf(values[k][i]));
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1)
 #pragma unroll
         for (int k = 0; k < kGroups; ++k)
-            magnitude[k] = max(magnitude[k], __shfl_xor_sync(0xffffffffu, magnitude[k], offset));
+            absmax[k] = max_keeping_nan(absmax[k], __shfl_xor_sync(0xffffffffu, absmax[k], offset));
 #pragma unroll
     for (int k = 0; k < kGroups; ++k) {
-        const float absmax = __uint_as_float(magnitude[k]);
-        const bool finite = absmax <= FLT_MAX;
+        const bool finite = absmax[k] <= FLT_MAX;  // false for inf and NaN
         // IEEE (correctly rounded) 8 / absmax and 1 / multiplier, as torch divides tensors; no flush to zero.
-        const float multiplier = absmax == 0.f ? 1.f : fminf(__fdiv_rn(8.f, absmax), FLT_MAX);
+        const float multiplier = absmax[k] == 0.f ? 1.f : fminf(__fdiv_rn(8.f, absmax[k]), FLT_MAX);
         words[k] = 0;
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) {
-            const int code =
-                finite ? min(max(__float2int_rn(__fmul_rn(values[k][i], multiplier)), -kLevels), kLevels - 1) : 0;
-            words[k] |= (static_cast<uint32_t>(code) & 0xfu) << (4 * i);
+            const float clamped = fminf(fmaxf(__fmul_rn(values[k][i], multiplier), -kLevels), kLevels - 1);
+            const uint32_t biased = __float_as_uint(__fadd_rn(clamped, kRoundingBias));
+            words[k] |= (biased & 0xfu) << (4 * i);
         }
+        if (!finite) words[k] = 0;
         scales[k] = finite ? __fdiv_rn(1.f, multiplier) : NAN;
     }
 }
