@@ -8,8 +8,9 @@
 //                  the all-to-all needs (the layout is computed from indices; the gradient is read once).
 //   reduce_encode  received blocks -> fp32 sum over sources -> codes+scales again (the node-local partial sums).
 //   decode_sum     received blocks -> fp32 sum over sources -> times factor -> gradient dtype.
-// Arithmetic mirrors the torch reference operation for operation: __fmul_rn/__fadd_rn keep nvcc from contracting a
-// multiply and an add into one FMA (one rounding instead of two), and sums run over sources in order.
+// Results equal the torch reference bit for bit: the same products and sums in the same order (__fmul_rn/__fadd_rn keep
+// nvcc from contracting a multiply and an add into one FMA), and codes rounded by another method to the same values
+// (see quantize_groups).
 #include <cfloat>
 #include <cstdint>
 
@@ -23,6 +24,9 @@ constexpr int kGroup = 256;               // values per 4-bit group (qgz_wire.GR
 constexpr int kPerLane = kGroup / 32;     // 8 values = 8 nibbles = one 32-bit word per lane
 constexpr int kWarps = 8;                 // warps (groups) per block
 constexpr int kLevels = 8;                // codes in [-8, 7]
+// Encode asks for >= 6 resident blocks per SM (<= 40 registers per thread): at 4 blocks (32 warps), 16-bit encoding
+// stalled on its loads with a third of the DRAM bandwidth in use (Nsight Compute, H200).
+constexpr int kEncodeBlocksPerSm = 6;
 
 // max(a, b), NaN if either is NaN (fmaxf drops a NaN): one instruction from sm_80 on.
 __device__ __forceinline__ float max_keeping_nan(float a, float b)
@@ -40,13 +44,27 @@ __device__ __forceinline__ float max_keeping_nan(float a, float b)
 // leaves that integer in the low mantissa bits: code = bits - 0x4B400000, so its low nibble is the 4-bit code.
 constexpr float kRoundingBias = 12582912.f;
 
-// Quantizes kGroups groups, a lane's 8 fp32 values of each: returns the lane's code word and the group's scale per
-// group. The kernel is bound by instruction throughput rather than memory, so every per-value step is one FP32
-// instruction where it can be (absmax by a NaN-keeping float max of |value|; clamp to [-8, 7] before rounding, which
-// equals clamping after it; rounding by the bias add) and only the nibble packing uses the slower integer pipe.
-// The groups' shuffle reductions are interleaved step by step, so their latencies overlap.
-template <int kGroups>
-__device__ __forceinline__ void quantize_groups(const float (&values)[kGroups][kPerLane],
+// A lane's 8 values of one group as the raw 32-bit words they arrive in (4 words of 16-bit values, 8 of fp32), and
+// value i of them widened to fp32. Keeping 16-bit values packed until use halves their registers.
+template <typename Fmt>
+constexpr int kWordsPerLane = kPerLane * static_cast<int>(sizeof(typename Fmt::Bits)) / 4;
+
+template <typename Fmt>
+__device__ __forceinline__ float lane_value(const uint32_t (&raw)[kWordsPerLane<Fmt>], int i)
+{
+    if constexpr (sizeof(typename Fmt::Bits) == 2)  // little-endian: the even element is the low half
+        return Fmt::to_float(i % 2 == 0 ? raw[i / 2] & 0xffffu : raw[i / 2] >> 16);
+    else
+        return Fmt::to_float(raw[i]);
+}
+
+// Quantizes kGroups groups from a lane's raw words of each: returns the lane's code word and the group's scale per
+// group. Instruction throughput, not memory, limited these kernels, so every per-value step is one FP32 instruction
+// where it can be (absmax by a NaN-keeping float max of |value|; clamp to [-8, 7] before rounding, which equals
+// clamping after it; rounding by the bias add) and only the nibble packing uses the slower integer pipe. The
+// groups' shuffle reductions are interleaved step by step, so their latencies overlap.
+template <typename Fmt, int kGroups>
+__device__ __forceinline__ void quantize_groups(const uint32_t (&raw)[kGroups][kWordsPerLane<Fmt>],
                                                 uint32_t (&words)[kGroups],
                                                 float (&scales)[kGroups])
 {
@@ -55,7 +73,7 @@ __device__ __forceinline__ void quantize_groups(const float (&values)[kGroups][k
     for (int k = 0; k < kGroups; ++k) {
         absmax[k] = 0.f;
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) absmax[k] = max_keeping_nan(absmax[k], fabsf(values[k][i]));
+        for (int i = 0; i < kPerLane; ++i) absmax[k] = max_keeping_nan(absmax[k], fabsf(lane_value<Fmt>(raw[k], i)));
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1)
@@ -70,7 +88,8 @@ __device__ __forceinline__ void quantize_groups(const float (&values)[kGroups][k
         words[k] = 0;
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) {
-            const float clamped = fminf(fmaxf(__fmul_rn(values[k][i], multiplier), -kLevels), kLevels - 1);
+            const float scaled = __fmul_rn(lane_value<Fmt>(raw[k], i), multiplier);
+            const float clamped = fminf(fmaxf(scaled, -kLevels), kLevels - 1);
             const uint32_t biased = __float_as_uint(__fadd_rn(clamped, kRoundingBias));
             words[k] |= (biased & 0xfu) << (4 * i);
         }
@@ -115,25 +134,18 @@ __device__ __forceinline__ void dequantize_sum(const uint8_t* __restrict__ block
     }
 }
 
-// A lane's 8 values from one 16-byte aligned address (one or two 16-byte loads), widened to fp32 from the loaded
-// 32-bit words by shifts and masks, all in registers.
+// A lane's raw words from one 16-byte aligned address: one 16-byte load for 16-bit values, two for fp32.
 template <typename Fmt>
-__device__ __forceinline__ void load_lane(const typename Fmt::Bits* at, float (&values)[kPerLane])
+__device__ __forceinline__ void load_lane(const typename Fmt::Bits* at, uint32_t (&raw)[kWordsPerLane<Fmt>])
 {
     const uint4* vectors = reinterpret_cast<const uint4*>(at);
-    if constexpr (sizeof(typename Fmt::Bits) == 2) {
-        const uint4 raw = vectors[0];
-        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {  // little-endian: the even element is the low half
-            values[2 * j] = Fmt::to_float(words[j] & 0xffffu);
-            values[2 * j + 1] = Fmt::to_float(words[j] >> 16);
-        }
-    } else {
-        const uint4 low = vectors[0], high = vectors[1];
-        const uint32_t words[8] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) values[j] = Fmt::to_float(words[j]);
+    for (int v = 0; v < kWordsPerLane<Fmt> / 4; ++v) {
+        const uint4 loaded = vectors[v];
+        raw[4 * v] = loaded.x;
+        raw[4 * v + 1] = loaded.y;
+        raw[4 * v + 2] = loaded.z;
+        raw[4 * v + 3] = loaded.w;
     }
 }
 
@@ -150,15 +162,16 @@ __device__ __forceinline__ Warp this_warp()
 // Each warp encodes kGroupsPerWarp consecutive groups (ordered by destination, row, group) in phases: every group's
 // loads, then the interleaved reductions, then the stores. One group per warp at a time kept too few bytes in flight.
 template <typename Fmt, int kGroupsPerWarp>
-__global__ void __launch_bounds__(kWarps * 32) encode_kernel(const typename Fmt::Bits* __restrict__ input,
-                                                             int64_t numel,
-                                                             int64_t chunk,
-                                                             int64_t padded_chunk,
-                                                             int destinations,
-                                                             int rows,
-                                                             uint8_t* __restrict__ out,
-                                                             int64_t block_bytes,
-                                                             int64_t total_groups)
+__global__ void __launch_bounds__(kWarps * 32, kEncodeBlocksPerSm)
+    encode_kernel(const typename Fmt::Bits* __restrict__ input,
+                  int64_t numel,
+                  int64_t chunk,
+                  int64_t padded_chunk,
+                  int destinations,
+                  int rows,
+                  uint8_t* __restrict__ out,
+                  int64_t block_bytes,
+                  int64_t total_groups)
 {
     using Bits = typename Fmt::Bits;
     const Warp warp = this_warp();
@@ -170,7 +183,7 @@ __global__ void __launch_bounds__(kWarps * 32) encode_kernel(const typename Fmt:
     uint32_t group = first_index - row_index * groups_per_row;
     uint32_t destination = row_index / rows;
     uint32_t row = row_index - destination * rows;
-    float values[kGroupsPerWarp][kPerLane];
+    uint32_t raw[kGroupsPerWarp][kWordsPerLane<Fmt>];
     bool valid[kGroupsPerWarp];
     uint32_t destinations_of[kGroupsPerWarp], row_groups[kGroupsPerWarp];  // where each group's codes go
 #pragma unroll
@@ -186,23 +199,29 @@ __global__ void __launch_bounds__(kWarps * 32) encode_kernel(const typename Fmt:
         const int64_t column = static_cast<int64_t>(group) * kGroup + warp.lane * kPerLane;      // within the chunk
         const int64_t first = (static_cast<int64_t>(row) * destinations + destination) * chunk + column;  // gradient
         const Bits* at = input + first;
-        if (!valid[k]) {
+        if (valid[k] && column + kPerLane <= chunk && first + kPerLane <= numel &&
+            reinterpret_cast<uintptr_t>(at) % 16 == 0) {
+            load_lane<Fmt>(at, raw[k]);
+        } else {  // past the end, the chunk's padding, the gradient's end, or a start that is not 16-byte aligned
 #pragma unroll
-            for (int i = 0; i < kPerLane; ++i) values[k][i] = 0.f;
-        } else if (column + kPerLane <= chunk && first + kPerLane <= numel &&
-                   reinterpret_cast<uintptr_t>(at) % 16 == 0) {
-            load_lane<Fmt>(at, values[k]);
-        } else {  // the chunk's padding, the gradient's end, or a start that is not 16-byte aligned
+            for (int j = 0; j < kWordsPerLane<Fmt>; ++j) raw[k][j] = 0;  // the bits of +0.0 in every format
 #pragma unroll
-            for (int i = 0; i < kPerLane; ++i)
-                values[k][i] = column + i < chunk && first + i < numel ? Fmt::to_float(at[i]) : 0.f;
+            for (int i = 0; i < kPerLane; ++i) {
+                if (valid[k] && column + i < chunk && first + i < numel) {
+                    const uint32_t bits = at[i];
+                    if constexpr (sizeof(Bits) == 2)
+                        raw[k][i / 2] |= bits << (16 * (i % 2));
+                    else
+                        raw[k][i] = bits;
+                }
+            }
         }
         destinations_of[k] = destination;
         row_groups[k] = row * groups_per_row + group;
     }
     uint32_t words[kGroupsPerWarp];
     float scales[kGroupsPerWarp];
-    quantize_groups<kGroupsPerWarp>(values, words, scales);
+    quantize_groups<Fmt, kGroupsPerWarp>(raw, words, scales);
 #pragma unroll
     for (int k = 0; k < kGroupsPerWarp; ++k) {
         if (!valid[k]) break;
@@ -228,9 +247,12 @@ __global__ void __launch_bounds__(kWarps * 32) reduce_encode_kernel(const uint8_
     const int64_t in_block = in_codes + rows * static_cast<int64_t>(groups_per_row) * 4;
     float acc[1][kPerLane];
     dequantize_sum(in, in_block, sources, warp.index * (kGroup / 2) + warp.lane * 4, in_codes + warp.index * 4, acc[0]);
+    uint32_t raw[1][kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) raw[0][i] = __float_as_uint(acc[0][i]);
     uint32_t words[1];
     float scales[1];
-    quantize_groups<1>(acc, words, scales);
+    quantize_groups<FloatFormat, 1>(raw, words, scales);
     uint8_t* block = out + row * (padded_chunk / 2 + static_cast<int64_t>(groups_per_row) * 4);
     reinterpret_cast<uint32_t*>(block + group * int64_t(kGroup / 2))[warp.lane] = words[0];
     if (warp.lane == 0) reinterpret_cast<float*>(block + padded_chunk / 2)[group] = scales[0];
@@ -279,21 +301,15 @@ void encode(const void* input,
             uint8_t* out,
             cudaStream_t stream)
 {
-    // 64 bytes of gradient per lane in flight: 4 groups of 16-bit values, 2 of fp32.
-    constexpr int kGroupsPerWarp = 8 / sizeof(typename Fmt::Bits);
+    // Two groups per warp: with 6+ blocks per SM that keeps enough loads in flight without spilling registers.
+    constexpr int kGroupsPerWarp = 2;
     const int64_t groups = static_cast<int64_t>(destinations) * rows * (padded_chunk / kGroup);
     const int64_t block_bytes = rows * padded_chunk / 2 + rows * (padded_chunk / kGroup) * 4;
     if (groups == 0) return;
     const int64_t warps = (groups + kGroupsPerWarp - 1) / kGroupsPerWarp;
-    encode_kernel<Fmt, kGroupsPerWarp><<<blocks_for(warps), kWarps * 32, 0, stream>>>(static_cast<const typename Fmt::Bits*>(input),
-                                                                        numel,
-                                                                        chunk,
-                                                                        padded_chunk,
-                                                                        destinations,
-                                                                        rows,
-                                                                        out,
-                                                                        block_bytes,
-                                                                        groups);
+    const auto* bits = static_cast<const typename Fmt::Bits*>(input);
+    encode_kernel<Fmt, kGroupsPerWarp><<<blocks_for(warps), kWarps * 32, 0, stream>>>(
+        bits, numel, chunk, padded_chunk, destinations, rows, out, block_bytes, groups);
 }
 
 template <typename Fmt>
