@@ -12,7 +12,6 @@ writes qgz_kernels_h200.{json,md,png}.
 import argparse
 import json
 import math
-import platform
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from deepspeed_zeropp import qgz_wire  # noqa: E402
 from deepspeed_zeropp.backends import cuda as ours  # noqa: E402
-from deepspeed_zeropp.bench import driver_version, load_deepspeed_op, time_per_call  # noqa: E402
+from deepspeed_zeropp.bench import environment, load_deepspeed_op, time_per_call  # noqa: E402
 
 NODES, LOCAL = 2, 8
 WORLD = NODES * LOCAL
@@ -108,12 +107,7 @@ def measure(reps):
                     row["deepspeed_error"] = str(exc).splitlines()[0][:200]
             rows.append(row)
             print(size, dtype_name, {k: v for k, v in row.items() if k in ("ours", "torch", "deepspeed")}, flush=True)
-    info = dict(gpu=torch.cuda.get_device_name(),
-                driver=driver_version(),
-                torch=torch.__version__,
-                cuda=torch.version.cuda,
-                deepspeed=ds_version,
-                python=platform.python_version())
+    info = environment(ds_version)
     return {"info": info, "topology": {"nodes": NODES, "local": LOCAL}, "rows": rows}
 
 

@@ -86,6 +86,16 @@ def driver_version():
         return "unknown"
 
 
+def environment(ds_version):
+    """What a result table names: GPU, driver, torch, CUDA, DeepSpeed and Python versions."""
+    return dict(gpu=torch.cuda.get_device_name(),
+                driver=driver_version(),
+                torch=torch.__version__,
+                cuda=torch.version.cuda,
+                deepspeed=ds_version,
+                python=platform.python_version())
+
+
 def bench_dtype_size(dtype, numel, ours, ds_op, reps):
     groups = group_count(numel)
     group_size = numel // groups
@@ -211,12 +221,7 @@ def run(out, reps=50):
     print(f"cold build {build['cold']:.1f} s, warm load {build['warm']:.2f} s", flush=True)
 
     ds_op, ds_version = load_deepspeed_op()
-    info = dict(gpu=torch.cuda.get_device_name(),
-                driver=driver_version(),
-                torch=torch.__version__,
-                cuda=torch.version.cuda,
-                deepspeed=ds_version,
-                python=platform.python_version())
+    info = environment(ds_version)
     results = {}
     for dtype_name, dtype in DTYPES.items():
         for size_name, numel in SIZES.items():

@@ -148,12 +148,14 @@ def _check_qgz(condition, message):
 
 def _check_blocks(blocks, rows, padded_chunk):
     from ..qgz_wire import block_bytes
-    _check_qgz(blocks.is_cuda and blocks.dtype == torch.uint8 and blocks.dim() == 2 and blocks.is_contiguous(),
-               f"blocks must be a contiguous 2-D uint8 CUDA tensor [sources, bytes], got {blocks.dtype} "
-               f"{tuple(blocks.shape)} on {blocks.device}")
-    _check_qgz(blocks.shape[0] >= 1 and blocks.shape[1] == block_bytes(rows, padded_chunk),
-               f"blocks hold {blocks.shape[1]} bytes per source, expected {block_bytes(rows, padded_chunk)} "
-               f"({rows} rows of {padded_chunk})")
+    _check_qgz(
+        blocks.is_cuda and blocks.dtype == torch.uint8 and blocks.dim() == 2 and blocks.is_contiguous(),
+        f"blocks must be a contiguous 2-D uint8 CUDA tensor [sources, bytes], got {blocks.dtype} "
+        f"{tuple(blocks.shape)} on {blocks.device}")
+    _check_qgz(
+        blocks.shape[0] >= 1 and blocks.shape[1] == block_bytes(rows, padded_chunk),
+        f"blocks hold {blocks.shape[1]} bytes per source, expected {block_bytes(rows, padded_chunk)} "
+        f"({rows} rows of {padded_chunk})")
     _check_qgz(blocks.data_ptr() % 4 == 0, "blocks must be 4-byte aligned")
 
 
