@@ -8,7 +8,8 @@ Block: what one rank sends one peer in an all-to-all, as raw bytes so that codes
 A block of ``rows`` rows of ``padded_chunk`` values (a multiple of GROUP) is the rows' packed codes
 (``rows * padded_chunk / 2`` bytes), then their fp32 scales (``rows * padded_chunk / GROUP`` of them).
 
-The three steps of qgZ, each implemented here and in ``csrc/qgz.cu`` with the same operations in the same order:
+The three steps of qgZ, each implemented here and in ``csrc/qgz.cu`` with bit-identical results (same products
+and sums in the same order):
 - :func:`encode`: a gradient (any float dtype) cut into chunks of ``chunk`` values, each zero-padded to
   ``padded_chunk``; destination d gets a block whose row m is chunk ``m * destinations + d``.
 - :func:`reduce_encode`: blocks from several sources -> per-row fp32 sum, summed over sources in order -> one

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from ..qgz_wire import GROUP, block_bytes
+
 EXTENSION_NAME = "deepspeed_zeropp_quantizer"
 SOURCES = ("binding.cpp", "quantize.cu", "dequantize.cu", "qgz.cu")
 CACHE_ENV = "DEEPSPEED_ZEROPP_CACHE"
@@ -147,7 +149,6 @@ def _check_qgz(condition, message):
 
 
 def _check_blocks(blocks, rows, padded_chunk):
-    from ..qgz_wire import block_bytes
     _check_qgz(
         blocks.is_cuda and blocks.dtype == torch.uint8 and blocks.dim() == 2 and blocks.is_contiguous(),
         f"blocks must be a contiguous 2-D uint8 CUDA tensor [sources, bytes], got {blocks.dtype} "
@@ -160,7 +161,6 @@ def _check_blocks(blocks, rows, padded_chunk):
 
 
 def _check_geometry(rows, padded_chunk):
-    from ..qgz_wire import GROUP
     _check_qgz(rows >= 1, f"rows must be >= 1, got {rows}")
     _check_qgz(padded_chunk >= 0 and padded_chunk % GROUP == 0,
                f"padded_chunk must be a non-negative multiple of {GROUP}, got {padded_chunk}")
@@ -174,7 +174,7 @@ def qgz_encode(flat, destinations, rows, chunk, padded_chunk):
     _check_geometry(rows, padded_chunk)
     _check_qgz(destinations >= 1 and 0 <= chunk <= padded_chunk,
                f"need destinations >= 1 and 0 <= chunk <= padded_chunk, got {destinations}, {chunk}, {padded_chunk}")
-    _check_qgz(destinations * rows * (padded_chunk // 256) < 2**31, "at most 2^31 - 1 groups of 256 per call")
+    _check_qgz(destinations * rows * (padded_chunk // GROUP) < 2**31, f"at most 2^31 - 1 groups of {GROUP} per call")
     _check_qgz(destinations * rows * chunk >= flat.numel(),
                f"{destinations} x {rows} chunks of {chunk} do not cover the input's {flat.numel()} values")
     return _extension().qgz_encode(flat, destinations, rows, chunk, padded_chunk)
