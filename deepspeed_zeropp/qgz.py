@@ -34,7 +34,7 @@ def _all_to_all(blocks, group):
 
 
 def _reduce_scatter_one(gradient, topology, groups):
-    world, local_size, nodes, rank = topology
+    world, local_size, nodes, rank, factor = topology
     node, local = divmod(rank, local_size)
     codec = _codec(gradient.device)
     chunk = math.ceil(gradient.numel() / world)
@@ -51,7 +51,6 @@ def _reduce_scatter_one(gradient, topology, groups):
     # Stage 2, across nodes (ranks with the same local index): node m gets the node sums of its chunk.
     received = _all_to_all(blocks, groups[f"global_{local}"])
     mine = min(max(gradient.numel() - rank * chunk, 0), chunk)
-    factor = float(torch.tensor(1.0 / world, dtype=torch.float32))  # the mean, as an fp32 value for both codecs
     return codec.qgz_decode_sum(received, padded_chunk, mine, factor, gradient.dtype)
 
 
@@ -63,5 +62,6 @@ def all_to_all_quant_reduce(tensors, groups):
     from deepspeed import comm as dist
     from deepspeed.accelerator import get_accelerator
     world, local_size = dist.get_world_size(), get_accelerator().device_count()
-    topology = (world, local_size, world // local_size, dist.get_rank())
+    factor = float(torch.tensor(1.0 / world, dtype=torch.float32))  # the mean, as an fp32 value for both codecs
+    topology = (world, local_size, world // local_size, dist.get_rank(), factor)
     return [_reduce_scatter_one(t, topology, groups) for t in tensors]

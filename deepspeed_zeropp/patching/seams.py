@@ -187,11 +187,13 @@ def INIT_GATHER_SINGLE(original):
     for ``ds_quant_scale``, so MixZ++ codes come back undequantized. Quantized lists go to Init's coalesced
     gather, which handles them; everything else runs the original."""
 
+    dtype_kept = INIT_GATHER(original)
+
     def wrapper(init, param_list, *args, **kwargs):
         if any(stored_quantized(p.ds_tensor) for p in param_list):
             hierarchy = kwargs.get("hierarchy", args[0] if args else 0)
             return init._allgather_params_coalesced(param_list, hierarchy, quantize=True)
-        return INIT_GATHER(original)(init, param_list, *args, **kwargs)
+        return dtype_kept(init, param_list, *args, **kwargs)
 
     return wrapper
 
