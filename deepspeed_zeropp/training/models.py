@@ -70,8 +70,37 @@ def llama_lora(dtype):
     return get_peft_model(base, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]))
 
 
+def gpt2_bytes(dtype):
+    """GPT-2 small's shape over byte tokens (vocab 256), for convergence runs on real text (:func:`corpus`)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    return GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=GPT2_SEQ)).to(dtype)
+
+
+_corpus = None
+
+
+def corpus():
+    """Real text available offline on every machine: the Python standard library's own sources, in sorted path
+    order, as one uint8 tensor (byte-level tokens). Returns (tokens, number of files)."""
+    global _corpus
+    if _corpus is None:
+        import pathlib
+        import sysconfig
+        files = sorted(pathlib.Path(sysconfig.get_paths()["stdlib"]).rglob("*.py"))
+        files = [f for f in files if not {"test", "tests", "site-packages", "dist-packages"} & set(f.parts)]
+        text = b"".join(f.read_bytes() for f in files)
+        _corpus = (torch.frombuffer(bytearray(text), dtype=torch.uint8), len(files))
+    return _corpus
+
+
 GPT2_SEQ = 256
-BUILDERS = {"bert": bert, "mixed": lambda dtype: MixedMLP(), "gpt2": gpt2, "llama_lora": llama_lora}
+BUILDERS = {
+    "bert": bert,
+    "mixed": lambda dtype: MixedMLP(),
+    "gpt2": gpt2,
+    "gpt2_bytes": gpt2_bytes,
+    "llama_lora": llama_lora
+}
 CAUSAL_LM = {"gpt2": (50257, GPT2_SEQ), "llama_lora": (VOCAB, SEQ)}
 
 
@@ -84,6 +113,11 @@ def build(name, dtype):
 def batch(model, step, rank, batch_size=4):
     """The same batch for the same (model, step, rank) in every run, quantized or not."""
     generator = torch.Generator().manual_seed(1000 * step + rank)
+    if model == "gpt2_bytes":  # random windows of the corpus
+        tokens, _ = corpus()
+        starts = torch.randint(0, tokens.numel() - GPT2_SEQ, (batch_size, ), generator=generator)
+        input_ids = torch.stack([tokens[s:s + GPT2_SEQ] for s in starts.tolist()]).long()
+        return {"input_ids": input_ids, "labels": input_ids}
     if model in CAUSAL_LM:  # arithmetic progressions of token ids: learnable, so the loss falls
         vocab, seq = CAUSAL_LM[model]
         start = torch.randint(0, vocab, (batch_size, 1), generator=generator)

@@ -30,7 +30,7 @@ def ds_config(run, dtype):
         zero["zero_quantized_gradients"] = True
     if run.get("hpz"):
         zero["zero_hpz_partition_size"] = run["hpz"]
-    return {
+    config = {
         "train_micro_batch_size_per_gpu": 4,
         "gradient_accumulation_steps": 1,
         "zero_optimization": zero,
@@ -43,6 +43,18 @@ def ds_config(run, dtype):
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
     }
+    if run.get("warmup"):  # [peak lr, steps]: linear warm-up, then constant
+        peak, steps = run["warmup"]
+        config["scheduler"] = {
+            "type": "WarmupLR",
+            "params": {
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": peak,
+                "warmup_num_steps": steps,
+                "warmup_type": "linear"
+            }
+        }
+    return config
 
 
 class Counters:
