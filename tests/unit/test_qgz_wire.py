@@ -4,7 +4,7 @@ import torch
 
 from deepspeed_zeropp.backends import torch_ref
 from deepspeed_zeropp.qgz_wire import GROUP, LEVELS, STEP, block_bytes
-from tests.qgz_sim import geometry, reduce_scatter
+from tests.qgz_sim import bound_of_largest, geometry, reduce_scatter
 
 TOPOLOGIES = [(2, 1), (3, 1), (4, 2), (6, 2), (8, 4)]  # (world, local_size)
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -48,13 +48,6 @@ def test_layout_is_exact_when_the_rounding_is(world, local_size, dtype, numel):
         expected = mean[rank * chunk:(rank + 1) * chunk]
         assert result.dtype == dtype and result.shape == expected.shape
         assert torch.equal(result, expected), rank
-
-
-def bound_of_largest(local_size):
-    """The mean's error over the largest gradient value: each 4-bit rounding errs by at most half a step (a 14th of
-    its group's absmax). Stage 1 rounds each rank's values (absmax <= largest); stage 2, when there is one, each node's
-    sum of ``local_size`` of them (absmax <= local_size * largest * 15/14); the mean divides the sum of all by world."""
-    return (1 if local_size == 1 else 1 + 15 / 14) / 14 * (1 + 1e-5)
 
 
 @pytest.mark.parametrize("world,local_size", TOPOLOGIES)
