@@ -69,8 +69,8 @@ def test_random_gradients_within_the_4bit_bound(world, local_size, dtype):
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_constant_gradients_reduce_exactly(world, local_size, dtype):
     """A constant gradient per rank is a group of equal values at every stage, which 4-bit rounding keeps exactly
-    (with codes up to 7 for the multiplier 8 / absmax, 1.0 from each of 4 ranks came back as 0.875 after one stage
-    and 0.766 after two). The constants' sums are exact, so the mean is too."""
+    (codes [-8, 7] for the multiplier 8 / absmax would clamp +absmax: 1.0 from every rank would reduce to 0.875
+    through one stage and 0.766 through two). The constants' sums are exact, so the mean is too."""
     constants = [1.0, 0.375, -2.5, 1.0, 6.0, -0.125, 1.0, 40.0][:world]
     gradients = [torch.full((4 * GROUP * world + 2 * world, ), c, dtype=dtype) for c in constants]
     results = torch.cat(reduce_scatter(gradients, local_size, torch_ref))
@@ -81,8 +81,8 @@ def test_constant_gradients_reduce_exactly(world, local_size, dtype):
 
 @pytest.mark.parametrize("world,local_size", [(2, 1), (4, 2)])
 def test_reduce_scatter_is_unbiased(world, local_size):
-    """The mean error over many random values is ~0 relative to the values' RMS (a 4-bit clamp of each group's
-    +absmax pulled it to -1.7e-3 on 2 nodes and -4e-3 on 2x2; the noise here is ~3e-4)."""
+    """The mean error over many random values is ~0 relative to the values' RMS (clamping each group's +absmax, as
+    codes [-8, 7] for 8 / absmax do, would make it -1.7e-3 on 2 nodes and -4e-3 on 2x2; the noise here is ~3e-4)."""
     gen = torch.Generator().manual_seed(3)
     gradients = [torch.randn(1 << 18, generator=gen) for _ in range(world)]
     mean = torch.stack([g.double() for g in gradients]).mean(0)
