@@ -1,7 +1,8 @@
 """qgZ's reduce-scatter for all ranks in one process: the collective's data movement (all-to-all = taking block
 j of every sender) around a codec module (``qgz_encode``, ``qgz_reduce_encode``, ``qgz_decode_sum``).
 
-Mirrors deepspeed_zeropp.qgz step for step, so codecs can be compared on whole reductions without processes.
+Mirrors the 4-bit path of deepspeed_zeropp.qgz step for step (for any tensor, whatever ``qgz.quantizes`` says), so
+codecs can be compared on whole reductions without processes.
 """
 import math
 
