@@ -23,7 +23,9 @@ namespace {
 constexpr int kGroup = 256;               // values per 4-bit group (qgz_wire.GROUP)
 constexpr int kPerLane = kGroup / 32;     // 8 values = 8 nibbles = one 32-bit word per lane
 constexpr int kWarps = 8;                 // warps (groups) per block
-constexpr int kLevels = 8;                // codes in [-8, 7]
+constexpr int kLevels = 7;                // codes in [-7, 7] (qgz_wire.LEVELS): symmetric, so rounding is unbiased
+constexpr float kStep = 1.f / kLevels;    // qgz_wire.STEP: 1/7 correctly rounded; 7 * kStep rounds to exactly 1
+constexpr float kMinScale = 0x1p-125f;    // qgz_wire.MIN_SCALE: kLevels / kMinScale < FLT_MAX
 // Encode asks for >= 6 resident blocks per SM (<= 40 registers per thread): at 4 blocks (32 warps), 16-bit encoding
 // stalled on its loads with a third of the DRAM bandwidth in use (Nsight Compute, H200).
 constexpr int kEncodeBlocksPerSm = 6;
@@ -60,8 +62,9 @@ __device__ __forceinline__ float lane_value(const uint32_t (&raw)[kWordsPerLane<
 
 // Quantizes kGroups groups from a lane's raw words of each: returns the lane's code word and the group's scale per
 // group. Instruction throughput, not memory, limited these kernels, so every per-value step is one FP32 instruction
-// where it can be (absmax by a NaN-keeping float max of |value|; clamp to [-8, 7] before rounding, which equals
-// clamping after it; rounding by the bias add) and only the nibble packing uses the slower integer pipe. The
+// where it can be (absmax by a NaN-keeping float max of |value|; clamp to [-7, 7] before rounding, which equals
+// clamping after it since rounding is monotonic and keeps the integer bounds; rounding by the bias add, whose low
+// nibble is the code's 4-bit two's complement) and only the nibble packing uses the slower integer pipe. The
 // groups' shuffle reductions are interleaved step by step, so their latencies overlap.
 template <typename Fmt, int kGroups>
 __device__ __forceinline__ void quantize_groups(const uint32_t (&raw)[kGroups][kWordsPerLane<Fmt>],
@@ -83,23 +86,24 @@ __device__ __forceinline__ void quantize_groups(const uint32_t (&raw)[kGroups][k
 #pragma unroll
     for (int k = 0; k < kGroups; ++k) {
         const bool finite = absmax[k] <= FLT_MAX;  // false for inf and NaN
-        // IEEE (correctly rounded) 8 / absmax and 1 / multiplier, as torch divides tensors; no flush to zero.
-        const float multiplier = absmax[k] == 0.f ? 1.f : fminf(__fdiv_rn(8.f, absmax[k]), FLT_MAX);
+        const float scale = fmaxf(absmax[k], kMinScale);
+        // IEEE (correctly rounded) 7 / scale, as torch divides tensors; no flush to zero.
+        const float multiplier = __fdiv_rn(static_cast<float>(kLevels), scale);
         words[k] = 0;
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) {
             const float scaled = __fmul_rn(lane_value<Fmt>(raw[k], i), multiplier);
-            const float clamped = fminf(fmaxf(scaled, -kLevels), kLevels - 1);
+            const float clamped = fminf(fmaxf(scaled, -kLevels), kLevels);
             const uint32_t biased = __float_as_uint(__fadd_rn(clamped, kRoundingBias));
             words[k] |= (biased & 0xfu) << (4 * i);
         }
         if (!finite) words[k] = 0;
-        scales[k] = finite ? __fdiv_rn(1.f, multiplier) : NAN;
+        scales[k] = finite ? scale : NAN;
     }
 }
 
-// acc[i] = sum over sources s (in order) of code_s[i] * scale_s, every product and sum rounded to fp32. Sources are
-// read kSourceBatch at a time, all loads issued before the first sum.
+// acc[i] = sum over sources s (in order) of (code_s[i] * kStep) * scale_s, every product and sum rounded to fp32:
+// code +-7 decodes to exactly +-scale. Sources are read kSourceBatch at a time, all loads issued before the first sum.
 constexpr int kSourceBatch = 4;
 
 __device__ __forceinline__ void dequantize_sum(const uint8_t* __restrict__ blocks,
@@ -126,7 +130,7 @@ __device__ __forceinline__ void dequantize_sum(const uint8_t* __restrict__ block
 #pragma unroll
                 for (int i = 0; i < kPerLane; ++i) {
                     const int code = static_cast<int32_t>(words[b] << (28 - 4 * i)) >> 28;  // sign-extends nibble i
-                    const float value = __fmul_rn(static_cast<float>(code), scales[b]);
+                    const float value = __fmul_rn(__fmul_rn(static_cast<float>(code), kStep), scales[b]);
                     acc[i] = first + b == 0 ? value : __fadd_rn(acc[i], value);
                 }
             }

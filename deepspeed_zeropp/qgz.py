@@ -9,6 +9,13 @@ CUDA tensors, bit for bit the same) is chosen by the patch's backend.
 Layout: rank r = node * L + local owns chunk r of the flattened gradient (as ``reduce_scatter_coalesced``), and the
 result is the mean over all ranks, as there. Chunks are padded to whole 4-bit groups with zeros. With one rank per
 node (L = 1) there is no node-local sum to take, so the node-local all-to-all and its 4-bit rounding are skipped.
+
+Which tensors go in 4 bits: as upstream, only tensors of 2 or more dimensions whose numel is a multiple of
+2 x world. The others (1-D biases and norms, 0-d, empty and odd-sized tensors: mostly few values, where 4-bit
+rounding would cost accuracy and save little traffic) are reduced unquantized, all of a call's in one fp32
+reduce-scatter (each zero-padded to ``world`` chunks), then times the same fp32 mean factor and rounded once to the
+tensor's dtype. Both paths return this rank's chunk: ``ceil(numel / world)`` values, fewer (possibly none) on the
+last ranks, as ``reduce_scatter_coalesced``.
 """
 import math
 
@@ -33,11 +40,46 @@ def _all_to_all(blocks, group):
     return received
 
 
+def quantizes(tensor, world):
+    """Whether qgZ sends ``tensor`` in 4 bits on a ``world``-rank reduce-scatter (else it goes unquantized)."""
+    return tensor.dim() >= 2 and tensor.numel() > 0 and tensor.numel() % (2 * world) == 0
+
+
+def _partition(numel, world, rank):
+    """(values per rank, this rank's count): rank r owns values [r * chunk, (r + 1) * chunk) of the flat tensor."""
+    chunk = math.ceil(numel / world)
+    return chunk, min(max(numel - rank * chunk, 0), chunk)
+
+
+def _reduce_scatter_plain(tensors, world, rank, factor):
+    """This rank's mean-reduced chunk of each tensor, unquantized: one fp32 reduce-scatter of a [world, sum of
+    chunks] buffer whose row r holds every tensor's chunk r."""
+    from deepspeed import comm as dist
+    chunks = [_partition(t.numel(), world, rank)[0] for t in tensors]
+    if sum(chunks) == 0:  # no tensors, or only empty ones: nothing to send
+        return [torch.empty(0, dtype=t.dtype, device=t.device) for t in tensors]
+    rows = torch.zeros(world, sum(chunks), dtype=torch.float32, device=tensors[0].device)
+    start = 0
+    for tensor, chunk in zip(tensors, chunks):
+        padded = torch.zeros(world * chunk, dtype=torch.float32, device=tensor.device)
+        padded[:tensor.numel()] = tensor.reshape(-1)
+        rows[:, start:start + chunk] = padded.view(world, chunk)
+        start += chunk
+    summed = torch.empty(rows.shape[1], dtype=torch.float32, device=rows.device)
+    dist.reduce_scatter_fn(summed, rows.view(-1))
+    results, start = [], 0
+    for tensor, chunk in zip(tensors, chunks):
+        mine = _partition(tensor.numel(), world, rank)[1]
+        results.append((summed[start:start + mine] * factor).to(tensor.dtype))
+        start += chunk
+    return results
+
+
 def _reduce_scatter_one(gradient, topology, groups):
     world, local_size, nodes, rank, factor = topology
     node, local = divmod(rank, local_size)
     codec = _codec(gradient.device)
-    chunk = math.ceil(gradient.numel() / world)
+    chunk, mine = _partition(gradient.numel(), world, rank)
     padded_chunk = math.ceil(chunk / GROUP) * GROUP
     flat = gradient.reshape(-1).contiguous()
     if local_size == 1:
@@ -50,18 +92,19 @@ def _reduce_scatter_one(gradient, topology, groups):
         blocks = codec.qgz_reduce_encode(_all_to_all(blocks, groups[f"local_{node}"]), nodes, padded_chunk)
     # Stage 2, across nodes (ranks with the same local index): node m gets the node sums of its chunk.
     received = _all_to_all(blocks, groups[f"global_{local}"])
-    mine = min(max(gradient.numel() - rank * chunk, 0), chunk)
     return codec.qgz_decode_sum(received, padded_chunk, mine, factor, gradient.dtype)
 
 
 @torch.no_grad()
 def all_to_all_quant_reduce(tensors, groups):
     """Drop-in for DeepSpeed's ``all_to_all_quant_reduce(tensors, groups)``: this rank's mean-reduced partition of
-    every tensor, in the tensor's own dtype. ``groups`` is DeepSpeed's all-to-all group dict (``local_{node}``,
-    ``global_{local index}``)."""
+    every tensor, in the tensor's own dtype (4-bit or unquantized: see :func:`quantizes`). ``groups`` is
+    DeepSpeed's all-to-all group dict (``local_{node}``, ``global_{local index}``)."""
     from deepspeed import comm as dist
     from deepspeed.accelerator import get_accelerator
     world, local_size = dist.get_world_size(), get_accelerator().device_count()
     factor = float(torch.tensor(1.0 / world, dtype=torch.float32))  # the mean, as an fp32 value for both codecs
-    topology = (world, local_size, world // local_size, dist.get_rank(), factor)
-    return [_reduce_scatter_one(t, topology, groups) for t in tensors]
+    rank = dist.get_rank()
+    topology = (world, local_size, world // local_size, rank, factor)
+    unquantized = iter(_reduce_scatter_plain([t for t in tensors if not quantizes(t, world)], world, rank, factor))
+    return [_reduce_scatter_one(t, topology, groups) if quantizes(t, world) else next(unquantized) for t in tensors]

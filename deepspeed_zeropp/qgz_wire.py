@@ -1,8 +1,13 @@
 """qgZ's 4-bit wire: the codec, the block layout and its pure-torch implementation (the CUDA kernels' reference).
 
-Codec: groups of GROUP values; multiplier = 8 / absmax in fp32 (1.0 for an all-zero group, capped at FLT_MAX),
-codes = round-half-even(value * multiplier) clamped to [-8, 7], two per byte (even index in the low nibble), stored
-scale = 1 / multiplier. A group holding inf or NaN sends codes 0 and scale NaN: it, and only it, arrives as NaN.
+Codec: groups of GROUP values; scale = max(absmax, MIN_SCALE) in fp32, multiplier = LEVELS / scale (correctly
+rounded), codes = round-half-even(value * multiplier) clamped to [-LEVELS, LEVELS] = [-7, 7], two per byte as 4-bit
+two's complement (even index in the low nibble; -8 is never produced). A code decodes to (code * STEP) * scale in fp32,
+STEP = 1 / LEVELS rounded to fp32. The codes are symmetric, so +absmax and -absmax are both levels: rounding errs by at
+most half a step (scale / 14) either way, with no clamp bias; and 7 * STEP rounds to exactly 1, so +-absmax decode to
++-absmax exactly (a group of equal magnitudes, e.g. a constant gradient, passes every stage unchanged). MIN_SCALE =
+2^-125 keeps the multiplier finite: groups with absmax below it (under 2.4e-38) are rounded on its step instead. A
+group holding inf or NaN sends codes 0 and scale NaN: it, and only it, arrives as NaN.
 
 Block: what one rank sends one peer in an all-to-all, as raw bytes so that codes and scales travel in one call.
 A block of ``rows`` rows of ``padded_chunk`` values (a multiple of GROUP) is the rows' packed codes
@@ -19,11 +24,12 @@ and sums in the same order):
 """
 import torch
 
-from .wire import FLT_MAX
-
 BITS = 4
-LEVELS = 1 << (BITS - 1)  # codes in [-8, 7]; multiplier 8 / absmax, as the 8-bit wire format's 128 / absmax
+LEVELS = (1 << (BITS - 1)) - 1  # codes in [-7, 7]: symmetric, unbiased
 GROUP = 256  # values per 4-bit group (even: two codes per byte)
+MIN_SCALE = 2.0**-125  # LEVELS / MIN_SCALE is below FLT_MAX (2^-126 would overflow it)
+# 1 / LEVELS correctly rounded to fp32, as the kernels' compile-time 1.f / 7.f (tensor / tensor: not via double).
+STEP = float(torch.tensor(1.0) / torch.tensor(float(LEVELS)))
 
 
 def block_bytes(rows, padded_chunk):
@@ -36,21 +42,20 @@ def quantize_int4(values):
     grouped = values.reshape(-1, GROUP)
     absmax = grouped.abs().amax(dim=1)
     finite = torch.isfinite(absmax)
-    # Tensor / tensor: the correctly rounded quotient, as the kernels compute it (``8.0 / t`` is not).
-    multiplier = torch.where(absmax == 0, torch.ones_like(absmax), torch.full_like(absmax, float(LEVELS)) / absmax)
-    multiplier = multiplier.clamp(max=FLT_MAX)
-    codes = (grouped * multiplier.unsqueeze(1)).round_().clamp_(-LEVELS, LEVELS - 1)
+    scale = absmax.clamp(min=MIN_SCALE)
+    # Tensor / tensor: the correctly rounded quotient, as the kernels compute it (``7.0 / t`` is not).
+    multiplier = torch.full_like(scale, float(LEVELS)) / scale
+    codes = (grouped * multiplier.unsqueeze(1)).round_().clamp_(-LEVELS, LEVELS)
     codes = torch.where(finite.unsqueeze(1), codes, torch.zeros_like(codes)).to(torch.int16) & 0xF
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
-    scales = torch.where(finite, torch.ones_like(multiplier) / multiplier, torch.full_like(absmax, float("nan")))
-    return packed.reshape(-1), scales
+    return packed.reshape(-1), torch.where(finite, scale, torch.full_like(scale, float("nan")))
 
 
 def dequantize_int4(packed, scales):
     """Inverse of :func:`quantize_int4`, in fp32."""
     nibbles = torch.stack([packed & 0xF, packed >> 4], dim=-1).to(torch.int16)
-    codes = torch.where(nibbles >= LEVELS, nibbles - 2 * LEVELS, nibbles).reshape(-1, GROUP)
-    return (codes.float() * scales.unsqueeze(1)).reshape(-1)
+    codes = torch.where(nibbles >= 1 << (BITS - 1), nibbles - (1 << BITS), nibbles).reshape(-1, GROUP)
+    return ((codes.float() * STEP) * scales.unsqueeze(1)).reshape(-1)
 
 
 def _to_blocks(packed, scales, blocks):
@@ -65,7 +70,7 @@ def _sum_of_sources(blocks, rows, padded_chunk):
     """fp32 values of every source's rows, summed over sources in order: [rows * padded_chunk]."""
     codes_bytes = rows * padded_chunk // 2
     packed = blocks[:, :codes_bytes]
-    scales = blocks[:, codes_bytes:].contiguous().view(torch.float32)
+    scales = blocks[:, codes_bytes:].reshape(-1).view(torch.float32)  # flat: an empty block views as well
     values = dequantize_int4(packed.reshape(-1), scales.reshape(-1)).view(blocks.shape[0], -1)
     total = values[0].clone()
     for source in values[1:]:

@@ -1,7 +1,8 @@
 """qgZ's reduce-scatter for all ranks in one process: the collective's data movement (all-to-all = taking block
 j of every sender) around a codec module (``qgz_encode``, ``qgz_reduce_encode``, ``qgz_decode_sum``).
 
-Mirrors deepspeed_zeropp.qgz step for step, so codecs can be compared on whole reductions without processes.
+Mirrors the 4-bit path of deepspeed_zeropp.qgz step for step (for any tensor, whatever ``qgz.quantizes`` says), so
+codecs can be compared on whole reductions without processes.
 """
 import math
 
@@ -13,6 +14,13 @@ from deepspeed_zeropp.qgz_wire import GROUP
 def geometry(numel, world):
     chunk = math.ceil(numel / world)
     return chunk, math.ceil(chunk / GROUP) * GROUP
+
+
+def bound_of_largest(local_size):
+    """The mean's error over the largest gradient value: each 4-bit rounding errs by at most half a step (a 14th of
+    its group's absmax). Stage 1 rounds each rank's values (absmax <= largest); stage 2, when there is one, each node's
+    sum of ``local_size`` of them (absmax <= local_size * largest * 15/14); the mean divides the sum of all by world."""
+    return (1 if local_size == 1 else 1 + 15 / 14) / 14 * (1 + 1e-5)
 
 
 def reduce_scatter(gradients, local_size, codec):

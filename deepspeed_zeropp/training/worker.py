@@ -1,5 +1,6 @@
 """One rank of a harness job: train each configured run with ZeRO-3 and report what happened (rank 0 writes)."""
 import json
+import math
 import os
 import sys
 import time
@@ -77,7 +78,10 @@ class Counters:
 
     def install(self):
         from deepspeed.runtime.zero import partition_parameters as pp, stage3
+        from deepspeed_zeropp import qgz
         self.spy(stage3, "all_to_all_quant_reduce", "quantized_gradient_reductions")
+        self.spy(qgz, "_reduce_scatter_one", "gradients_reduced_in_4_bits")
+        self.spy(qgz, "_reduce_scatter_plain", "unquantized_gradient_batches")
         self.spy(pp.CUDAQuantizer, "quantize", "quantize")
         self.spy(pp.CUDAQuantizer, "dequantize", "dequantize")
         self.spy(pp.AllGatherHandle, "wait", "quantized_single_gathers",
@@ -250,36 +254,57 @@ def time_reduce(reduce, gradient, groups, reps):
 
 
 def qgz_check(run, spec, rank):
-    """qgZ's reduce-scatter on random gradients against the exact mean (fp64), per dtype and size."""
+    """qgZ's reduce-scatter on random gradients against the exact mean (fp64), per dtype and shape. Figures are the
+    worst over ranks; errors are relative to the largest gradient value; ``error_of_rounded_mean`` is the distance to
+    the exact mean rounded once to the dtype (0 up to fp32 summation for the unquantized path)."""
     from deepspeed.accelerator import get_accelerator
     from deepspeed.runtime.zero import stage3
     from deepspeed.utils import groups
+    from deepspeed_zeropp.qgz import quantizes
     apply_patch(spec, run)
     world = torch.distributed.get_world_size()
     all_to_all_groups = groups._get_local_all_to_all_group()
     report = []
     for dtype_name, shape in run["cases"]:
-        generator = torch.Generator().manual_seed(17 * rank + len(report))
-        gradient = (torch.randn(shape, generator=generator) * run.get("scale", 1.0)).to(DTYPES[dtype_name])
-        gradient = gradient.to(get_accelerator().current_device_name())
+
+        def gradient_of(r):  # every rank's gradient, rebuilt locally from its seed
+            generator = torch.Generator().manual_seed(17 * r + len(report))
+            return (torch.randn(shape, generator=generator) * run.get("scale", 1.0)).to(DTYPES[dtype_name])
+
+        gradient = gradient_of(rank).to(get_accelerator().current_device_name())
         reduced = stage3.all_to_all_quant_reduce([gradient], all_to_all_groups)[0]
-        everyone = [torch.empty_like(gradient) for _ in range(world)]
-        torch.distributed.all_gather(everyone, gradient)
-        mean = torch.stack([g.double() for g in everyone]).mean(dim=0).reshape(-1)
+        everyone = torch.stack([gradient_of(r).double() for r in range(world)])
+        mean = everyone.mean(dim=0).reshape(-1)
         chunk = -(-mean.numel() // world)
         expected = mean[rank * chunk:(rank + 1) * chunk]
-        largest = max(g.double().abs().max().item() for g in everyone)
-        error = (reduced.double() - expected).abs()
+        largest = everyone.abs().max().item() if everyone.numel() else 1.0
+        got = reduced.cpu().double()
+        if got.shape != expected.shape:  # reported as a wrong numel; the error figures become inf
+            got = torch.full_like(expected, math.nan)
+        error = (got - expected).abs()
+        rounded = expected.to(reduced.dtype).double()
         ms = time_reduce(stage3.all_to_all_quant_reduce, gradient, all_to_all_groups, run.get("time_reps", 0))
-        rms_error = (error.pow(2).mean() / expected.pow(2).mean()).sqrt().item()
+        figures = [
+            error.max().item() / largest if error.numel() else 0.0,
+            (got - rounded).abs().max().item() / largest if error.numel() else 0.0,
+            (error.pow(2).mean() / expected.pow(2).mean()).sqrt().item() if error.numel() else 0.0,
+            float(reduced.numel() != expected.numel()),
+            float(not torch.isfinite(reduced).all()),
+        ]
+        figures = torch.tensor(figures, dtype=torch.float64, device=gradient.device).nan_to_num(nan=math.inf)
+        torch.distributed.all_reduce(figures, op=torch.distributed.ReduceOp.MAX)  # the worst rank's
+        worst, worst_rounded, rms_error, wrong_numel, not_finite = figures.tolist()
         report.append(
             dict(dtype=str(reduced.dtype),
                  numel=reduced.numel(),
                  expected_numel=expected.numel(),
+                 every_rank_numel_right=not wrong_numel,
+                 quantized=quantizes(gradient, world),
                  ms=ms,
-                 max_error_of_largest=error.max().item() / largest,
+                 max_error_of_largest=worst,
+                 error_of_rounded_mean=worst_rounded,
                  rms_error_of_rms=rms_error,
-                 finite=bool(torch.isfinite(reduced).all())))
+                 finite=not not_finite))
     return {"cases": report}
 
 
