@@ -9,21 +9,7 @@ import importlib.abc
 import os
 import sys
 
-ENV = "DEEPSPEED_ZEROPP"
-BACKEND_ENV = "DEEPSPEED_ZEROPP_BACKEND"
-ON = ("1", "true", "yes", "on")
-OFF = ("", "0", "false", "no", "off")
-
-
-def requested():
-    """True, False, or None for a value that is neither (the raw value is in the environment)."""
-    value = os.environ.get(ENV, "").strip().lower()
-    return True if value in ON else False if value in OFF else None
-
-
-def unrecognised_message():
-    return (f"{ENV}={os.environ.get(ENV)!r} is not understood, so DeepSpeed is not patched; accepted values: "
-            f"{', '.join(ON)} (patch) or {', '.join(v for v in OFF if v)} or unset (do not patch)")
+from ._env import ENV, backend as requested_backend, requested, unrecognised_message
 
 
 class _PatchAfterDeepSpeedImport(importlib.abc.MetaPathFinder):
@@ -60,7 +46,7 @@ class _PatchingLoader(importlib.abc.Loader):
 
 def _patch_now():
     import deepspeed_zeropp
-    backend = os.environ.get(BACKEND_ENV, "auto")
+    backend = requested_backend()
     try:
         report = deepspeed_zeropp.patch(backend=backend)
     except Exception as error:
