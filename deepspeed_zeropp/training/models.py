@@ -71,7 +71,13 @@ def llama_lora(dtype):
 
 
 GPT2_SEQ = 256
-BUILDERS = {"bert": bert, "mixed": lambda dtype: MixedMLP(), "gpt2": gpt2, "llama_lora": llama_lora}
+BUILDERS = {
+    "bert": bert,
+    "mixed": lambda dtype: MixedMLP(),
+    "padded": lambda dtype: MixedMLP().to(dtype),  # MixedMLP's padded partitions, one dtype throughout
+    "gpt2": gpt2,
+    "llama_lora": llama_lora
+}
 CAUSAL_LM = {"gpt2": (50257, GPT2_SEQ), "llama_lora": (VOCAB, SEQ)}
 
 
