@@ -34,6 +34,25 @@ class DevelopWithPth(develop):
         shutil.copy(os.path.join(HERE, PTH), os.path.join(self.install_dir, PTH))
 
 
+COMMANDS = {"build_py": BuildPyWithExtras, "develop": DevelopWithPth}
+
+try:
+    from setuptools.command.editable_wheel import editable_wheel
+except ImportError:  # setuptools < 64: pip falls back to `setup.py develop`
+    pass
+else:
+
+    class EditableWheelWithPth(editable_wheel):
+        """PEP 660 editable installs (``pip install -e .``): setuptools writes everything in the unpacked wheel's
+        root to site-packages; its namespace step (the hook here) is the one that fills that root, so the .pth
+        file is put there too."""
+
+        def _install_namespaces(self, installation_dir, *args, **kwargs):
+            shutil.copy(os.path.join(HERE, PTH), os.path.join(installation_dir, PTH))
+            return super()._install_namespaces(installation_dir, *args, **kwargs)
+
+    COMMANDS["editable_wheel"] = EditableWheelWithPth
+
 setup(
     name="deepspeed_zeropp",
     version="0.1.0",
@@ -48,9 +67,6 @@ setup(
         "dev": requirements("dev.txt")
     },
     entry_points={"console_scripts": ["deepspeed-zeropp=deepspeed_zeropp.cli:main"]},
-    cmdclass={
-        "build_py": BuildPyWithExtras,
-        "develop": DevelopWithPth
-    },
+    cmdclass=COMMANDS,
     license="Apache-2.0",
 )

@@ -1,17 +1,19 @@
 """``DEEPSPEED_ZEROPP=1``: patch DeepSpeed in scripts that never import this package (HF Trainer, launchers).
 
-The installed ``deepspeed_zeropp.pth`` imports this module at every interpreter start, so it must cost nothing
-when the variable is unset and import nothing heavy when it is set: it only registers an import hook, and
-patches DeepSpeed right after DeepSpeed itself has been imported (before any model is partitioned).
+The installed ``deepspeed_zeropp.pth`` imports this module at interpreter start only when the variable is set,
+so it must import nothing heavy: it only registers an import hook, and patches DeepSpeed right after DeepSpeed
+itself has been imported (before any model is partitioned). A patch that cannot be applied makes every
+``import deepspeed`` fail with the cause: the user asked for the patch, and running unpatched would hide that.
 """
 import importlib.abc
 import os
 import sys
 
-ENV = "DEEPSPEED_ZEROPP"
+from ._env import ENV, backend as requested_backend, requested, unrecognised_message
 
 
 class _PatchAfterDeepSpeedImport(importlib.abc.MetaPathFinder):
+    """Stays in ``sys.meta_path`` until a patch succeeds, so a failed one fails every later import too."""
 
     def find_spec(self, fullname, path, target=None):
         if fullname != "deepspeed":
@@ -38,14 +40,19 @@ class _PatchingLoader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PatchAfterDeepSpeedImport)]
         _patch_now()
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PatchAfterDeepSpeedImport)]
 
 
 def _patch_now():
     import deepspeed_zeropp
-    backend = os.environ.get("DEEPSPEED_ZEROPP_BACKEND", "auto")
-    report = deepspeed_zeropp.patch(backend=backend)
+    backend = requested_backend()
+    try:
+        report = deepspeed_zeropp.patch(backend=backend)
+    except Exception as error:
+        raise RuntimeError(f"[deepspeed_zeropp] {ENV}={os.environ.get(ENV)} asks for the patch, but it cannot be "
+                           f"applied: {type(error).__name__}: {error}. Fix that, or unset {ENV} to run DeepSpeed "
+                           f"unpatched.") from error
     if int(os.environ.get("RANK", "0")) == 0:
         print(
             f"[deepspeed_zeropp] active via {ENV}=1: {len(report.patched)} sites patched on DeepSpeed "
@@ -54,7 +61,10 @@ def _patch_now():
 
 
 def activate_from_environment():
-    if os.environ.get(ENV, "").strip().lower() not in ("1", "true", "yes", "on"):
+    wanted = requested()
+    if wanted is None:
+        print(f"[deepspeed_zeropp] warning: {unrecognised_message()}", file=sys.stderr)
+    if not wanted:
         return
     if "deepspeed" in sys.modules:
         _patch_now()

@@ -5,6 +5,7 @@ Every line it prints comes from a check it ran: versions read from the packages,
 import importlib.metadata
 import os
 import platform
+import site
 import sys
 
 from packaging.version import Version
@@ -22,23 +23,63 @@ def _version(package):
 def _round_trip(device, backend):
     import torch
     from . import ops
+    from .backends import serving_name
     lines = []
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         if device == "cpu" and dtype == torch.float16:
             continue  # DeepSpeed refuses fp16 on its CPU accelerator; nothing to prove here
         x = torch.randn(4099, device=device).to(dtype) * 1e3
-        codes, scales = ops.quantize(x, backend=backend)
-        out = ops.dequantize(codes, scales, dtype=dtype, backend=backend)
+        what = f"round trip {device} {str(dtype)[6:]} (backend {backend}"
+        try:
+            served = serving_name(backend, x.device)
+            codes, scales = ops.quantize(x, backend=backend)
+            out = ops.dequantize(codes, scales, dtype=dtype, backend=backend)
+        except Exception as error:
+            lines.append((PROBLEM, f"{what}): failed: {type(error).__name__}: {error}"))
+            continue
         error = ((out.float() - x.float()).abs().max() / x.float().abs().max()).item()
         good = out.dtype == dtype and error <= 1 / 128 + 1e-2
-        lines.append((OK if good else PROBLEM, f"round trip {device} {str(dtype)[6:]}: {out.dtype}, "
-                      f"max error {error:.4f} of absmax"))
+        lines.append((OK if good else PROBLEM, f"{what}, ran {served}): {out.dtype}, max error {error:.4f} of absmax"))
     return lines
+
+
+def _pth_locations():
+    """The site-packages directories this interpreter processes .pth files from."""
+    dirs = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return dirs
+
+
+def _activation_checks():
+    """DEEPSPEED_ZEROPP and DEEPSPEED_ZEROPP_BACKEND as the installed .pth will read them."""
+    from . import _env as auto
+    from .backends import BACKENDS
+    wanted = auto.requested()
+    backend = os.environ.get(auto.BACKEND_ENV)
+    bad_backend = backend is not None and backend not in BACKENDS
+    if bad_backend:
+        yield PROBLEM, (f"{auto.BACKEND_ENV}={backend!r} is not a backend; choose one of {', '.join(BACKENDS)} "
+                        f"(with {auto.ENV}=1 every `import deepspeed` would fail)")
+    installed = [d for d in _pth_locations() if os.path.isfile(os.path.join(d, "deepspeed_zeropp.pth"))]
+    if wanted is None:
+        yield PROBLEM, auto.unrecognised_message()
+    elif not installed:
+        yield (PROBLEM if wanted else WARN), (
+            f"deepspeed_zeropp.pth is in none of this interpreter's site-packages ({', '.join(_pth_locations())}): "
+            f"{auto.ENV}=1 does nothing here; reinstall with `pip install .` or `pip install -e .`")
+    elif wanted and not bad_backend:
+        yield OK, (f"{auto.ENV}={os.environ[auto.ENV]}: unmodified scripts are patched when they import DeepSpeed "
+                   f"(deepspeed_zeropp.pth in {installed[0]})")
+    elif not wanted:
+        yield OK, (f"{auto.ENV} off: call deepspeed_zeropp.patch() or export {auto.ENV}=1 "
+                   f"(deepspeed_zeropp.pth in {installed[0]})")
 
 
 def checks(backend="auto"):
     """Yield (level, message) pairs."""
     import torch
+    from .backends import BACKENDS
     yield OK, f"Python {platform.python_version()}, torch {torch.__version__}"
     cuda = torch.cuda.is_available()
     yield OK, (f"CUDA {torch.version.cuda}: {torch.cuda.get_device_name()}" if cuda else "CUDA: not available")
@@ -53,25 +94,34 @@ def checks(backend="auto"):
     else:
         yield WARN, (f"DeepSpeed {ds} casts bf16/fp32 through fp16 to quantize (values above 65504 become NaN, "
                      "tiny ones vanish) and asserts on partitions that are not multiples of 8")
+    if backend not in BACKENDS:
+        yield PROBLEM, f"--backend {backend!r} is not a backend; choose one of {', '.join(BACKENDS)}"
+        return
     import deepspeed_zeropp
     from .patching.apply import _originals
     was_patched = bool(_originals)
-    report = deepspeed_zeropp.patch(backend=backend, strict=False)
-    for site in report.sites:
-        level = PROBLEM if site.status.startswith("missing") else OK
-        yield level, f"site {site.name}: {site.status}"
+    try:
+        report = deepspeed_zeropp.patch(backend=backend, strict=False)
+    except Exception as error:  # with DEEPSPEED_ZEROPP=1 this is also where the import hook fails
+        yield PROBLEM, f"patch(backend={backend!r}) failed: {type(error).__name__}: {error}"
+        yield from _activation_checks()
+        return
+    for site_report in report.sites:
+        level = PROBLEM if site_report.status.startswith("missing") else OK
+        yield level, f"site {site_report.name}: {site_report.status}"
     if not was_patched:
         deepspeed_zeropp.unpatch()
-    yield from _round_trip("cpu", "torch")
+    if backend in ("auto", "torch"):
+        yield from _round_trip("cpu", backend)
+    elif not cuda:
+        yield PROBLEM, f"backend {backend} quantizes CUDA tensors only, and this machine has no CUDA GPU"
     if cuda:
         from .backends import cuda as cuda_backend
         error = cuda_backend.load_error()
-        if error:
+        if error and backend == "auto":
             yield WARN, f"native CUDA kernels unavailable ({error}); the pure-torch backend is used on GPU"
-        yield from _round_trip("cuda", "auto")
-    active = os.environ.get("DEEPSPEED_ZEROPP", "")
-    yield OK, (f"DEEPSPEED_ZEROPP={active}: unmodified scripts are patched when they import DeepSpeed"
-               if active else "DEEPSPEED_ZEROPP unset: call deepspeed_zeropp.patch() or export DEEPSPEED_ZEROPP=1")
+        yield from _round_trip("cuda", backend)
+    yield from _activation_checks()
 
 
 def run(backend="auto"):

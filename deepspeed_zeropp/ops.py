@@ -15,20 +15,31 @@ def quantize(x, groups=None, backend="auto"):
 
     ``groups`` defaults to :func:`group_count` of ``x.numel()`` and must divide ``x.numel()``.
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"quantize expects a torch.Tensor, got {type(x).__name__}")
+    _check_tensor(x, "quantize input")
     check_float_dtype(x.dtype, "quantize input")
     numel = x.numel()
     if groups is None:
         groups = group_count(numel)
-    if not isinstance(groups, int) or groups < 1 or numel % groups != 0:
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1 or numel % groups != 0:
         raise ValueError(f"groups must be a positive int dividing numel={numel}, got {groups!r}")
     impl = resolve_backend(backend, x.device)
     codes, scales = impl.quantize(x.detach().contiguous().view(-1), groups)
     return codes.view(x.shape), scales
 
 
+def _check_tensor(value, what):
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
+    if value.device.type == "meta":
+        raise ValueError(f"{what} is on the meta device, which holds no values; pass a tensor on a real device")
+
+
 def _checked_output_dtype(codes, scales, dtype):
+    _check_tensor(codes, "dequantize codes")
+    _check_tensor(scales, "dequantize scales")
+    if scales.device != codes.device:
+        raise ValueError(f"dequantize scales are on {scales.device} but the codes on {codes.device}; "
+                         "pass both on the same device")
     check_wire_tensors(codes, scales)
     dtype = DEFAULT_DEQUANT_DTYPE if dtype is None else dtype
     check_float_dtype(dtype, "dequantize output")
@@ -51,7 +62,7 @@ def dequantize(codes, scales, dtype=None, group_size=None, backend="auto"):
     elif numel > num_groups * group_size or group_size < 1:
         raise ValueError(f"{numel} codes do not fit {num_groups} groups of {group_size}")
     impl = resolve_backend(backend, codes.device)
-    out = impl.dequantize(codes.contiguous().view(-1), flat_scales.to(codes.device), group_size, dtype)
+    out = impl.dequantize(codes.contiguous().view(-1), flat_scales, group_size, dtype)
     return out.view(codes.shape)
 
 
@@ -59,7 +70,9 @@ def dequantize_segments(codes, scales, segments, dtype=None, backend="auto"):
     """Dequantize a buffer made of runs with different group sizes: ``segments`` lists (groups, group_size)
     in buffer order. DeepSpeed's coalesced MixZ++ gather concatenates partitions quantized one by one."""
     dtype = _checked_output_dtype(codes, scales, dtype)
-    flat_codes, flat_scales = codes.contiguous().view(-1), scales.reshape(-1).to(codes.device)
+    flat_codes, flat_scales = codes.contiguous().view(-1), scales.reshape(-1)
+    if not all(_positive_int_pair(segment) for segment in segments):
+        raise ValueError(f"segments must be (groups, group_size) pairs of positive ints, got {segments!r}")
     if sum(g * e for g, e in segments) != flat_codes.numel() or sum(g for g, _ in segments) != flat_scales.numel():
         raise ValueError(
             f"segments {segments} do not cover {flat_codes.numel()} codes and {flat_scales.numel()} scales")
@@ -73,6 +86,11 @@ def dequantize_segments(codes, scales, segments, dtype=None, backend="auto"):
                                                        group_size, dtype)
         code_at, scale_at = code_at + numel, scale_at + groups
     return out.view(codes.shape)
+
+
+def _positive_int_pair(segment):
+    return (isinstance(segment, (tuple, list)) and len(segment) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in segment))
 
 
 def _merge_runs(segments):

@@ -36,3 +36,9 @@ def resolve_backend(name, device):
         warnings.warn(f"deepspeed_zeropp: native CUDA quantizer unavailable ({error}); using the pure-torch backend")
         _warned_fallback = True
     return _load("torch")
+
+
+def serving_name(name, device):
+    """The name of the backend that ``resolve_backend(name, device)`` hands out (``auto`` resolved)."""
+    module = resolve_backend(name, device).__name__.rsplit(".", 1)[1]
+    return next(key for key, value in _MODULES.items() if value == module)

@@ -24,8 +24,7 @@ def quantize(flat, groups):
 
 def dequantize(codes, scales, group_size, dtype):
     op = _op()
-    padded_numel = scales.numel() * group_size
-    if codes.numel() != padded_numel:  # the op needs whole groups: pad the prefix, then cut it back
-        codes = torch.cat([codes, codes.new_zeros(padded_numel - codes.numel())])
-    out = op.dequantize(codes, scales.view(-1, 1), scales.numel(), 8, op.Symmetric).view(-1)
-    return out[:codes.numel()].to(dtype)
+    numel, padded_numel = codes.numel(), scales.numel() * group_size
+    whole = codes if numel == padded_numel else torch.cat([codes, codes.new_zeros(padded_numel - numel)])
+    out = op.dequantize(whole, scales.view(-1, 1), scales.numel(), 8, op.Symmetric).view(-1)
+    return out[:numel].to(dtype)  # the op needs whole groups: the prefix was padded, now cut back

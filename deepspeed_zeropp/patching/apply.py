@@ -93,36 +93,52 @@ def patch(backend="auto", strict=True, exclude=()):
     ``backend``: "auto" (native CUDA kernels for CUDA tensors, pure torch elsewhere), "torch", "cuda", or
     "deepspeed" (DeepSpeed's own fp16 op with casts around it, upstream 0.19.6+ numerics). Idempotent: a second
     call only switches the backend. With ``strict`` a site expected on this release but not found raises
-    :class:`PatchError` naming the site and the DeepSpeed version. ``exclude`` names sites to leave alone (tests
+    :class:`PatchError` naming the site and the DeepSpeed version. All or nothing: if the call raises, every
+    object it replaced is restored and the backend is unchanged. ``exclude`` names sites to leave alone (tests
     use it to show what each site fixes). Returns a :class:`PatchReport`."""
     check_backend_name(backend)
     import deepspeed
     version = _check_version(deepspeed.__version__, strict)
+    replaced = []  # names of the sites this call replaced, to undo on failure
+    try:
+        reports = [_site_report(site, version, deepspeed.__version__, exclude, strict, replaced) for site in SITES]
+    except BaseException:
+        for name in reversed(replaced):
+            _restore(name)
+        raise
     QuantizerMethods.backend = backend
-    reports = []
-    for site in SITES:
-        if site.name in exclude:
-            reports.append(SiteReport(site.name, "excluded"))
-            continue
-        expected = _in_range(site, version)
-        report = _patch_site(site, version) if expected else None
-        if report is None and expected:
-            message = (f"deepspeed_zeropp: expected {site.module}.{site.name} in DeepSpeed {deepspeed.__version__} "
-                       f"but it is not there; this release is not supported")
-            if strict:
-                raise PatchError(message)
-            warnings.warn(message)
-            report = SiteReport(site.name, "missing (not patched)")
-        reports.append(report or SiteReport(site.name, "absent in this release"))
     return PatchReport(deepspeed.__version__, backend, reports)
+
+
+def _site_report(site, version, version_string, exclude, strict, replaced):
+    if site.name in exclude:
+        return SiteReport(site.name, "excluded")
+    if not _in_range(site, version):
+        return SiteReport(site.name, "absent in this release")
+    fresh = site.name not in _originals
+    report = _patch_site(site, version)
+    if fresh and site.name in _originals:
+        replaced.append(site.name)
+    if report is not None:
+        return report
+    message = (f"deepspeed_zeropp: expected {site.module}.{site.name} in DeepSpeed {version_string} "
+               f"but it is not there; this release is not supported")
+    if strict:
+        raise PatchError(message)
+    warnings.warn(message)
+    return SiteReport(site.name, "missing (not patched)")
+
+
+def _restore(name):
+    owner, attr, original = _originals.pop(name)
+    if original is _MISSING:
+        delattr(owner, attr)
+    else:
+        setattr(owner, attr, original)
 
 
 def unpatch():
     """Restore every object the patch replaced, exactly as it was. Safe to call when nothing is patched."""
-    while _originals:
-        _, (owner, attr, original) = _originals.popitem()
-        if original is _MISSING:
-            delattr(owner, attr)
-        else:
-            setattr(owner, attr, original)
+    for name in reversed(list(_originals)):
+        _restore(name)
     QuantizerMethods.backend = "auto"

@@ -175,25 +175,34 @@ def BUCKET_GATHER(original):
 
 # --- NoGather handles and Init's synchronous gathers ----------------------------------------------------------
 
+
+def _any_stored_quantized(params):
+    return any(stored_quantized(p.ds_tensor) for p in params)
+
+
 NO_GATHER = dtype_scoped(lambda handle, param, *a, **k: [param],
                          lambda handle, param, *a, **k: stored_quantized(param.ds_tensor))
 NO_GATHER_COALESCED = dtype_scoped(lambda handle, params, *a, **k: list(params),
-                                   lambda handle, params, *a, **k: any(stored_quantized(p.ds_tensor) for p in params))
-INIT_GATHER = dtype_scoped(lambda init, params, *a, **k: params, lambda init, params, *a, **k: len(params) > 0)
+                                   lambda handle, params, *a, **k: _any_stored_quantized(params))
+# Init's coalesced gather is told by its caller whether the list is quantized; the sequential one dequantizes
+# exactly the parameters whose partitions are stored as MixZ++ codes.
+INIT_GATHER_COALESCED = dtype_scoped(
+    lambda init, params, *a, **k: params,
+    lambda init, params, hierarchy=0, quantize=False: bool(quantize) and len(params) > 0)
+INIT_GATHER_SEQUENTIAL = dtype_scoped(lambda init, params, *a, **k: params,
+                                      lambda init, params, *a, **k: _any_stored_quantized(params))
 
 
 def INIT_GATHER_SINGLE(original):
     """``Init._allgather_params`` (<= 0.18.4): its quantized branch tests the parameter instead of its partition
     for ``ds_quant_scale``, so MixZ++ codes come back undequantized. Quantized lists go to Init's coalesced
-    gather, which handles them; everything else runs the original."""
-
-    dtype_kept = INIT_GATHER(original)
+    gather, which handles them; everything else runs the original (which then dequantizes nothing)."""
 
     def wrapper(init, param_list, *args, **kwargs):
-        if any(stored_quantized(p.ds_tensor) for p in param_list):
+        if _any_stored_quantized(param_list):
             hierarchy = kwargs.get("hierarchy", args[0] if args else 0)
             return init._allgather_params_coalesced(param_list, hierarchy, quantize=True)
-        return dtype_kept(init, param_list, *args, **kwargs)
+        return original(init, param_list, *args, **kwargs)
 
     return wrapper
 
@@ -207,15 +216,24 @@ def _partition_rank(init, param, attr):
     return torch.distributed.get_rank(group=init.get_partition_dp_group(param))
 
 
-def _zero_padding(init, param, attr):
+def weights_quantized(init):
+    """Whether an ``Init`` quantizes weights (qwZ or MixZ++), from its arguments or its config. Without either,
+    its partitioning is left to DeepSpeed untouched."""
+    return bool(getattr(init, "quantized_weights", False) or getattr(init, "quantized_nontrainable_weights", False))
+
+
+def _zero_padding(param, attr, rank):
     """The last rank's partition is padded to the common size; upstream leaves the padding of the primary
     partition uninitialised. qwZ quantizes whole partitions, so stale padding can set a group's absmax (even to
-    inf or NaN) and wipe out the real values sharing that group."""
+    inf or NaN) and wipe out the real values sharing that group. Only a partition holding its full padded size
+    is touched: one released to NVMe is a one-element stand-in until it is swapped back in."""
     partition = getattr(param, attr, None)
     if partition is None or partition.dtype not in SUPPORTED_DTYPES:
         return
-    size = getattr(partition, "ds_numel", partition.numel())
-    valid = min(max(param.ds_numel - _partition_rank(init, param, attr) * size, 0), size)
+    size = getattr(partition, "ds_numel", None)
+    if not isinstance(size, int) or size < 1 or partition.numel() != size:
+        return
+    valid = min(max(param.ds_numel - rank * size, 0), size)
     if valid < size:
         with torch.no_grad():
             partition.view(-1).narrow(0, valid, size - valid).zero_()
@@ -230,11 +248,13 @@ def partition_seam(attr):
     def factory(original):
 
         def wrapper(init, param, *args, **kwargs):
+            if not weights_quantized(init):
+                return original(init, param, *args, **kwargs)
             fresh = (getattr(param, attr, None) is None and not param.requires_grad
                      and getattr(init, "quantized_nontrainable_weights", False))
             if not fresh:
                 result = original(init, param, *args, **kwargs)
-                _zero_padding(init, param, attr)
+                _zero_padding(param, attr, _partition_rank(init, param, attr))
                 return result
             dtype = param.dtype
             with deferring_quantize():
@@ -250,11 +270,39 @@ def partition_seam(attr):
     return factory
 
 
+def engine_padding(original):
+    """Seam factory for ``DeepSpeedZeRoOffload._convert_to_zero_parameters``: a model built under a bare
+    ``zero.Init()`` was partitioned by an Init without quantization flags (so the partition seams left it alone),
+    yet the engine's config may turn qwZ or MixZ++ on for its gathers. Once the engine knows, the padding of every
+    partition is zeroed, as the partition seams do when Init knows."""
+
+    def wrapper(offload, ds_config, module, *args, **kwargs):
+        result = original(offload, ds_config, module, *args, **kwargs)
+        if (getattr(offload, "zero_quantized_weights", False)
+                or getattr(offload, "zero_quantized_nontrainable_weights", False)):
+            for param in module.parameters():
+                if getattr(param, "ds_tensor", None) is not None:
+                    _zero_padding(param, "ds_tensor", torch.distributed.get_rank(group=param.ds_process_group))
+        return result
+
+    return wrapper
+
+
+def nontrainable_seam(original):
+    """Seam factory for ``quantize_nontrainable_params``: with MixZ++ off, upstream's own method runs (it only
+    warns and returns); with it on, our dtype-keeping reimplementation."""
+
+    def wrapper(optimizer, *args, **kwargs):
+        if not getattr(optimizer, "zero_quantized_nontrainable_weights", False):
+            return original(optimizer, *args, **kwargs)
+        return quantize_nontrainable_params(optimizer, *args, **kwargs)
+
+    return wrapper
+
+
 def quantize_nontrainable_params(optimizer):
     """Quantize the partitions of parameters frozen after ZeRO-3 partitioning (LoRA), in their own dtype.
     Same selection as upstream: frozen, not yet quantized, and not small (partition > 2048 and numel > 500000)."""
-    if not getattr(optimizer, "zero_quantized_nontrainable_weights", False):
-        return
     for param in optimizer.module.parameters():
         partition = getattr(param, "ds_tensor", None)
         if partition is None or param.requires_grad or partition.numel() <= 2048 or param.ds_numel <= 500000:

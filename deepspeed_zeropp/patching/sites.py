@@ -13,6 +13,7 @@ from . import seams
 PARTITION_PARAMETERS = "deepspeed.runtime.zero.partition_parameters"
 STAGE3 = "deepspeed.runtime.zero.stage3"
 COALESCED_COLLECTIVES = "deepspeed.runtime.comm.coalesced_collectives"
+PARAMETER_OFFLOAD = "deepspeed.runtime.zero.parameter_offload"
 UPSTREAM_DTYPE_FIX = "0.19.6"  # DeepSpeed PR #8215: fp16 detour in the quantizer, dtype= at five sites
 
 OLDEST_SUPPORTED = "0.14.4"
@@ -73,7 +74,7 @@ SITES = (
          upstream_fixed_in=UPSTREAM_DTYPE_FIX),
     Site("Init",
          "_allgather_params_coalesced",
-         seams.INIT_GATHER,
+         seams.INIT_GATHER_COALESCED,
          "Why this seam: Init's own coalesced all-gather (GatheredParameters with hierarchy) dequantizes each "
          "parameter without a dtype before 0.19.6; the wrapper knows the list of parameters it fills.",
          upstream_fixed_in=UPSTREAM_DTYPE_FIX),
@@ -85,7 +86,7 @@ SITES = (
          until="0.18.4"),
     Site("Init",
          "_allgather_params_sequential",
-         seams.INIT_GATHER,
+         seams.INIT_GATHER_SEQUENTIAL,
          "Why this seam: Init's sequential all-gather (the 0.18.5+ name of _allgather_params).",
          since="0.18.5",
          upstream_fixed_in=UPSTREAM_DTYPE_FIX),
@@ -107,11 +108,18 @@ SITES = (
         "(and, before 0.19.8, the same uninitialised padding)."),
     Site("DeepSpeedZeroOptimizer_Stage3",
          "quantize_nontrainable_params",
-         seams.replace_with(seams.quantize_nontrainable_params),
+         seams.nontrainable_seam,
          "Why this seam: upstream asserts that frozen partitions are fp16 before quantizing them (DeepSpeed #4885), "
          "so MixZ++ after freezing (LoRA) is impossible in bf16/fp32; the whole body is that assert plus the "
-         "quantization, so it is reimplemented on our quantizer.",
+         "quantization, so it is reimplemented on our quantizer (with MixZ++ off, upstream's method runs).",
          module=STAGE3),
+    Site("DeepSpeedZeRoOffload",
+         "_convert_to_zero_parameters",
+         seams.engine_padding,
+         "Why this seam: a model built under zero.Init() without a config was partitioned by an Init that knew "
+         "of no quantization, leaving the last rank's padding uninitialised; the engine's config may still turn "
+         "qwZ on for every gather. This is the first engine step that knows the flags and sees every partition.",
+         module=PARAMETER_OFFLOAD),
     Site(None,
          "all_to_all_quant_reduce",
          seams.replace_with(qgz.all_to_all_quant_reduce),

@@ -97,6 +97,7 @@ GPT2_SEQ = 256
 BUILDERS = {
     "bert": bert,
     "mixed": lambda dtype: MixedMLP(),
+    "padded": lambda dtype: MixedMLP().to(dtype),  # MixedMLP's padded partitions, one dtype throughout
     "gpt2": gpt2,
     "gpt2_bytes": gpt2_bytes,
     "llama_lora": llama_lora

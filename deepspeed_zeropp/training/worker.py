@@ -31,7 +31,15 @@ def ds_config(run, dtype):
         zero["zero_quantized_gradients"] = True
     if run.get("hpz"):
         zero["zero_hpz_partition_size"] = run["hpz"]
+    if run.get("offload_param"):
+        zero["offload_param"] = {"device": run["offload_param"]}
+        if run.get("nvme_path"):
+            zero["offload_param"]["nvme_path"] = run["nvme_path"]
+    if run.get("offload_optimizer"):
+        zero["offload_optimizer"] = {"device": run["offload_optimizer"]}
+    offload_extras = {"zero_force_ds_cpu_optimizer": False} if run.get("offload_optimizer") else {}  # torch AdamW
     config = {
+        **offload_extras,
         "train_micro_batch_size_per_gpu": 4,
         "gradient_accumulation_steps": 1,
         "zero_optimization": zero,
@@ -88,6 +96,21 @@ class Counters:
                  lambda h, *a, **k: getattr(h, "_AllGatherHandle__quantization", None) is not None)
         self.spy(pp.AllGatherCoalescedHandle, "wait", "quantized_bucket_gathers",
                  lambda h, *a, **k: getattr(h, "quantization", None) is not None)
+
+    # Our code that does work, as opposed to the seams' tests for whether there is any: quantizer calls, the
+    # dequantize scopes of gather sites, padding, deferral, qgZ. With no ZeRO++ flag none of them may run.
+    WORK = {
+        "deepspeed_zeropp.ops": ("quantize", "dequantize", "dequantize_segments"),
+        "deepspeed_zeropp.patching.seams": ("dequant_target", "deferring_quantize", "_zero_padding", "_restore_dtypes",
+                                            "_float_partition_views", "quantize_nontrainable_params"),
+        "deepspeed_zeropp.qgz": ("_reduce_scatter_one", ),
+    }
+
+    def install_work(self):
+        import importlib
+        for module, names in self.WORK.items():
+            for name in names:
+                self.spy(importlib.import_module(module), name, f"{module.rsplit('.', 1)[1]}.{name}")
 
     def remove(self):
         for owner, attr, original in reversed(self._restore):
@@ -308,10 +331,31 @@ def qgz_check(run, spec, rank):
     return {"cases": report}
 
 
+def digest(engine):
+    """sha256 of every full parameter (names, dtypes, bytes) in order: equal digests, bit-identical weights."""
+    import hashlib
+    import deepspeed
+    params = list(engine.module.named_parameters())
+    hasher = hashlib.sha256()
+    with deepspeed.zero.GatheredParameters([p for _, p in params]):
+        for name, param in params:
+            full = param.detach().cpu().contiguous()
+            hasher.update(f"{name}:{full.dtype}:{tuple(full.shape)}".encode())
+            hasher.update(full.view(-1).view(torch.uint8).numpy().tobytes())
+    return hasher.hexdigest()
+
+
 def train(run, spec, rank):
+    spec = dict(spec, **{key: run[key] for key in ("dtype", "patch") if key in run})  # per-run overrides
     dtype = DTYPES[spec["dtype"]]
     apply_patch(spec, run)
-    engine, checks = make_engine(spec, run, dtype)
+    work = Counters()  # from the start: partitioning happens while the engine is built
+    work.install_work()
+    try:
+        engine, checks = make_engine(spec, run, dtype)
+    except BaseException:
+        work.remove()
+        raise
     if spec.get("checks", True):  # off for step-time measurements only
         checks.attach(engine.module)
     counters = Counters()
@@ -325,8 +369,10 @@ def train(run, spec, rank):
             checks.trained = True
         if run.get("gathered_check"):
             gathered_check(engine, checks)
+        final = digest(engine) if run.get("digest") else None
     finally:
         counters.remove()
+        work.remove()
     result = {
         "losses": losses,
         "step_ms": step_ms,
@@ -335,6 +381,8 @@ def train(run, spec, rank):
         "value_errors": checks.value_errors[:10],
         "max_rel_error": checks.max_rel_error,
         "counts": counters.counts,
+        "seam_work": work.counts,
+        "digest": final,
     }
     if run.get("checkpoint"):
         result["checkpoint"] = checkpoint_round_trip(engine, spec, run, dtype, rank)

@@ -1,5 +1,5 @@
 """DEEPSPEED_ZEROPP=1: unmodified scripts (HF Trainer under torchrun, a plain loop under the deepspeed launcher)
-get the patch, 2 CPU ranks; lean and off unless set. Needs the package installed (``pip install .``), which puts
+get the patch, 2 CPU ranks; lean and off unless set. Needs the package installed (``pip install .`` or ``-e``), which puts
 deepspeed_zeropp.pth into site-packages."""
 import json
 import os
@@ -22,7 +22,7 @@ def hook_installed():
 
 @pytest.fixture(autouse=True)
 def require_installed_hook():
-    assert hook_installed(), "deepspeed_zeropp.pth is not in site-packages: install the package with `pip install .`"
+    assert hook_installed(), "deepspeed_zeropp.pth is not in site-packages: pip install . (or -e .)"
 
 
 def run(args, activate, timeout=600, port=None):

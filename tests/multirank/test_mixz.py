@@ -91,7 +91,11 @@ def test_padded_partitions_sequential_and_coalesced():
             "quantized": True,
             "sequential": True
         }]
-    runs.append({"name": "without_padding_fix", "quantized": True, "exclude_sites": ["Init._partition_param"]})
+    runs.append({
+        "name": "without_padding_fix",
+        "quantized": True,
+        "exclude_sites": ["Init._partition_param", "DeepSpeedZeRoOffload._convert_to_zero_parameters"]
+    })
     if has_sequential_flag():  # last: it raises, which ends the job
         runs.append({
             "name": "without_sequential_fix",

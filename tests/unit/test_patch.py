@@ -91,3 +91,67 @@ def test_lean_import():
     code = ("import sys, deepspeed_zeropp; heavy = {'torch', 'deepspeed'} & set(sys.modules); "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _broken_site(name="no_such_method"):
+    return sites.Site("AllGatherHandle", name, lambda original: original, "test")
+
+
+def test_failed_patch_changes_nothing(pp, monkeypatch):
+    """All or nothing: a missing site (or any error) after others were replaced restores them all and keeps the
+    backend; after a successful patch a failed second call leaves that patch as it was."""
+    from deepspeed_zeropp.quantizer import QuantizerMethods
+    before = {s.name: current(pp, s) for s in sites.SITES}
+
+    def explode(original):
+        raise RuntimeError("factory failed")
+
+    for extra in (_broken_site(), sites.Site("AllGatherHandle", "__init__", explode, "test")):
+        monkeypatch.setattr("deepspeed_zeropp.patching.apply.SITES", sites.SITES + (extra, ))
+        with pytest.raises((PatchError, RuntimeError)):
+            deepspeed_zeropp.patch(backend="torch")
+        assert {s.name: current(pp, s) for s in sites.SITES} == before and QuantizerMethods.backend == "auto"
+        monkeypatch.undo()
+    deepspeed_zeropp.patch(backend="torch")
+    wrappers = {s.name: current(pp, s) for s in sites.SITES}
+    monkeypatch.setattr("deepspeed_zeropp.patching.apply.SITES", sites.SITES + (_broken_site(), ))
+    with pytest.raises(PatchError):
+        deepspeed_zeropp.patch(backend="auto")
+    assert {s.name: current(pp, s) for s in sites.SITES} == wrappers and QuantizerMethods.backend == "torch"
+    monkeypatch.undo()
+    assert deepspeed_zeropp.patch(backend="torch").patched and {
+        s.name: current(pp, s)
+        for s in sites.SITES
+    } == wrappers
+
+
+def _python(code, **env):
+    """Run ``code`` in a fresh interpreter, as the installed .pth would start it (the package from this checkout)."""
+    import os
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parents[2])
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DEEPSPEED_ZEROPP")}
+    environ.update(env, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    pth = (Path(root) / "deepspeed_zeropp.pth").read_text()
+    return subprocess.run([sys.executable, "-c", f"{pth}\n{code}"], env=environ, capture_output=True, text=True)
+
+
+def test_activation_that_cannot_patch_fails_every_deepspeed_import():
+    code = ("for attempt in range(2):\n"
+            "    try:\n"
+            "        import deepspeed\n"
+            "        print('imported unpatched')\n"
+            "    except RuntimeError as error:\n"
+            "        print('refused:', error)\n")
+    proc = _python(code, DEEPSPEED_ZEROPP="1", DEEPSPEED_ZEROPP_BACKEND="bogus")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(("refused", "imported"))]
+    assert len(lines) == 2 and all("unknown backend 'bogus'" in line for line in lines), proc.stdout + proc.stderr
+
+
+def test_unrecognised_activation_value_warns_once_and_imports_nothing_when_unset():
+    probe = "import sys; print(sorted(m for m in sys.modules if m.startswith('deepspeed')))"
+    garbage = _python(probe, DEEPSPEED_ZEROPP="garbage")
+    assert garbage.stderr.count("DEEPSPEED_ZEROPP='garbage' is not understood") == 1, garbage.stderr
+    assert "1, true, yes, on" in garbage.stderr and "deepspeed_zeropp._autoactivate" in garbage.stdout
+    unset = _python(probe)
+    assert unset.stdout.strip() == "[]" and unset.stderr == "", unset.stdout + unset.stderr

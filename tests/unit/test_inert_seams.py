@@ -1,0 +1,67 @@
+"""The seams do no work without a ZeRO++ flag, and padding is zeroed only where a partition holds its values."""
+import types
+
+import pytest
+import torch
+
+from deepspeed_zeropp.patching import seams
+
+
+def zero_param(ds_numel, partition):
+    param = torch.nn.Parameter(torch.empty(0), requires_grad=True)
+    param.ds_numel, param.ds_tensor = ds_numel, partition
+    partition.ds_numel = partition.numel()
+    return param
+
+
+def init(quantized):
+    return types.SimpleNamespace(quantized_weights=quantized,
+                                 quantized_nontrainable_weights=False,
+                                 get_partition_dp_group=lambda param: None)
+
+
+@pytest.fixture
+def last_rank(monkeypatch):
+    """Rank 1 of 2: a 9-element parameter has 4 values and 1 padding element in its 5-element partition."""
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 1)
+
+
+def test_released_nvme_partition_is_left_alone(last_rank):
+    """DeepSpeed releases an NVMe-offloaded partition by pointing ``ds_tensor.data`` at a one-element fp16
+    buffer; the padding cannot be (and need not be) zeroed then."""
+    param = zero_param(9, torch.full((5, ), float("nan"), dtype=torch.bfloat16))
+
+    def partition_and_release(init, param, *args, **kwargs):
+        param.ds_tensor.data = torch.tensor(1).half().data
+
+    seams.partition_seam("ds_tensor")(partition_and_release)(init(quantized=True), param)
+    assert param.ds_tensor.numel() == 1 and param.ds_tensor.item() == 1
+
+
+def test_padding_zeroed_when_quantized_untouched_when_off(last_rank):
+    for quantized in (True, False):
+        values = torch.tensor([1.0, 2.0, 3.0, 4.0, float("nan")])
+        param = zero_param(9, values.clone())
+        calls = []
+        seams.partition_seam("ds_tensor")(lambda *a, **k: calls.append(a))(init(quantized), param)
+        assert len(calls) == 1
+        assert torch.equal(param.ds_tensor[:4], values[:4])
+        assert param.ds_tensor[4].item() == 0 if quantized else param.ds_tensor[4].isnan()
+
+
+def test_init_gathers_call_straight_through_when_nothing_is_quantized(monkeypatch):
+    """No dequantize scope, no dtype restoring: unquantized lists go to DeepSpeed's method untouched."""
+    monkeypatch.setattr(seams, "dequant_target", lambda *a, **k: pytest.fail("dequantize scope opened"))
+    monkeypatch.setattr(seams, "_restore_dtypes", lambda *a, **k: pytest.fail("dtypes restored"))
+    param = zero_param(8, torch.zeros(4))
+    calls = []
+
+    def original(*args, **kwargs):
+        calls.append(kwargs)
+        return "result"
+
+    fake_init = init(quantized=False)
+    assert seams.INIT_GATHER_COALESCED(original)(fake_init, [param], 0, quantize=False) == "result"
+    assert seams.INIT_GATHER_SEQUENTIAL(original)(fake_init, [param]) == "result"
+    assert seams.INIT_GATHER_SINGLE(original)(fake_init, [param]) == "result"
+    assert len(calls) == 3
