@@ -13,6 +13,7 @@ from . import seams
 PARTITION_PARAMETERS = "deepspeed.runtime.zero.partition_parameters"
 STAGE3 = "deepspeed.runtime.zero.stage3"
 COALESCED_COLLECTIVES = "deepspeed.runtime.comm.coalesced_collectives"
+ENGINE = "deepspeed.runtime.engine"
 UPSTREAM_DTYPE_FIX = "0.19.6"  # DeepSpeed PR #8215: fp16 detour in the quantizer, dtype= at five sites
 
 OLDEST_SUPPORTED = "0.14.4"
@@ -112,6 +113,20 @@ SITES = (
          "so MixZ++ after freezing (LoRA) is impossible in bf16/fp32; the whole body is that assert plus the "
          "quantization, so it is reimplemented on our quantizer.",
          module=STAGE3),
+    Site("DeepSpeedEngine",
+         "_get_param_fragment_func",
+         seams.frozen_fragment,
+         "Why this seam: save_checkpoint stores each frozen parameter's partition as its fragment in the model "
+         "states file, which zero_to_fp32 concatenates; for MixZ++ that is int8 codes without their scales. This "
+         "method hands over one parameter's fragment, so the dequantized partition can take its place.",
+         module=ENGINE),
+    Site("DeepSpeedEngine",
+         "load_module_state_dict",
+         seams.load_frozen_fragments,
+         "Why this seam: load_checkpoint copies the saved frozen fragments into the partitions here, floats into "
+         "MixZ++'s int8 codes; the wrapper sees the checkpoint and every parameter, so it rebuilds those "
+         "partitions from what was saved.",
+         module=ENGINE),
     Site(None,
          "all_to_all_quant_reduce",
          seams.replace_with(qgz.all_to_all_quant_reduce),
