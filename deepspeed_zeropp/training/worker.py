@@ -247,7 +247,7 @@ def run_zero_to_fp32_script(directory):
 def export_check(engine, spec, run, rank):
     """Every reader of a saved engine gets each frozen weight as a forward uses it, in its dtype: the model
     states' frozen fragments through zero_to_fp32 (its API and its script; the script may widen to fp32) and
-    save_16bit_model. Returns the frozen weights that did not."""
+    save_16bit_model. Reports the first few weights each reader got wrong."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     frozen = {name for name, param in engine.module.named_parameters() if not param.requires_grad}
     expected = forward_values(engine, frozen)
@@ -264,14 +264,16 @@ def export_check(engine, spec, run, rank):
     }
     wrong = []
     for reader, (state, may_widen) in readers.items():
+        mismatches = []
         for name in sorted(frozen):
             got, want = state.get(name), expected[name]
             if got is None or got.shape != want.shape or not torch.equal(got.float(), want.float()):
-                wrong.append(f"{reader}: {name} {None if got is None else got.flatten()[:3].tolist()} "
-                             f"instead of {want.flatten()[:3].tolist()}")
+                mismatches.append(f"{reader}: {name} {None if got is None else got.flatten()[:3].tolist()} "
+                                  f"instead of {want.flatten()[:3].tolist()}")
             elif got.dtype != want.dtype and not (may_widen and got.dtype == torch.float32):
-                wrong.append(f"{reader}: {name} {got.dtype} instead of {want.dtype}")
-    return {"frozen": len(frozen), "wrong": wrong[:10]}
+                mismatches.append(f"{reader}: {name} {got.dtype} instead of {want.dtype}")
+        wrong += mismatches[:3] + ([f"{reader}: {len(mismatches)} of {len(frozen)} wrong"] if mismatches else [])
+    return {"frozen": len(frozen), "wrong": wrong}
 
 
 def checkpoint_round_trip(engine, spec, run, dtype, rank):
@@ -360,16 +362,17 @@ def train(run, spec, rank):
         checks.attach(engine.module)
     counters = Counters()
     counters.install()
-    losses, step_ms = [], []
+    losses, step_ms, written = [], [], None
     try:
         for step in range(spec.get("steps", 5)):
+            if run.get("write_back") and step == spec.get("steps", 5) - 1:  # the last step's forward reads it
+                written = write_back(engine, checks, rank)
             loss, ms = train_step(engine, spec, step, rank)
             losses.append(loss)
             step_ms.append(ms)
             checks.trained = True
         if run.get("gathered_check"):
             gathered_check(engine, checks)
-        written = write_back(engine, checks, rank) if run.get("write_back") else None
         exported = export_check(engine, spec, run, rank) if run.get("export") else None
     finally:
         counters.remove()

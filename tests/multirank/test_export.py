@@ -15,47 +15,54 @@ STEPS = 2
 
 @pytest.fixture(scope="module")
 def bert():
-    runs = [{
-        "name": "baseline"
-    }, {
-        "name": "mixz",
-        "quantized_nontrainable": True,
-        "write_back": True,
-        "export": True,
-        "checkpoint": True
-    }, {
-        "name": "offload_qwz",
-        "quantized": True,
-        "offload": True
-    }, {
-        "name": "offload_mixz",
-        "quantized_nontrainable": True,
-        "offload": True
-    }]
+    runs = [
+        {
+            "name": "baseline"
+        },
+        {
+            "name": "offload_qwz",
+            "quantized": True,
+            "offload": True
+        },
+        {
+            "name": "offload_mixz",
+            "quantized_nontrainable": True,
+            "offload": True
+        },
+        {  # last: DeepSpeed 0.14 cannot read its checkpoints under torch >= 2.6, which ends the job
+            "name": "mixz",
+            "quantized_nontrainable": True,
+            "write_back": True,
+            "export": True,
+            "checkpoint": True
+        }
+    ]
     spec = {"model": "bert", "dtype": "bf16", "patch": True, "steps": STEPS, "seed": 0, "frozen": FROZEN, "runs": runs}
     return run_job(spec, world_size=2, timeout=900)
 
 
-def loaded(run):
+def finished(run):
     if "Weights only load failed" in run.get("error", ""):
         pytest.skip("this DeepSpeed cannot load its own checkpoints under torch >= 2.6 (weights_only default)")
-    assert_clean(run)
+    assert "error" not in run, run.get("traceback", run.get("error"))
     return run
 
 
 def test_exports_give_frozen_weights_as_forward_uses_them(bert):
     """zero_to_fp32 (API and the script in the checkpoint folder) and save_16bit_model: each frozen weight equals
-    what a forward gathers, bit for bit, in its dtype; the forwards after save_16bit_model still see the
-    originals (its GatheredParameters(modifier_rank=0) re-partitions every weight on exit)."""
-    run = loaded(bert["runs"]["mixz"])
-    assert run["export"]["frozen"] > 0 and run["export"]["wrong"] == [], run["export"]
+    what a forward gathers, bit for bit, in its dtype."""
+    export = finished(bert["runs"]["mixz"])["export"]
+    assert export["frozen"] > 0 and export["wrong"] == [], export
 
 
 def test_written_weight_persists(bert):
-    """A frozen weight written through GatheredParameters(modifier_rank=0): GatheredParameters, the next forward
-    and the exports see the written values within the int8 bound; a checkpoint restores its codes exactly."""
-    run = loaded(bert["runs"]["mixz"])
+    """A frozen weight written through GatheredParameters(modifier_rank=0): GatheredParameters and every later
+    forward see the written values within the int8 bound (also after save_16bit_model, whose
+    GatheredParameters(modifier_rank=0) re-partitions every weight on exit); a checkpoint restores the codes
+    exactly and the next step bit for bit."""
+    run = finished(bert["runs"]["mixz"])
     assert run["written"]
+    assert_clean(run)
     restored = run["checkpoint"]
     assert restored["compared"] > 0 and restored["mismatched"] == [], restored
     assert restored["next_loss_loaded"] == restored["next_loss_saved"]
