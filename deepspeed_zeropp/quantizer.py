@@ -45,9 +45,20 @@ class QuantizerMethods:
                               backend=QuantizerMethods.backend)
 
     @staticmethod
-    def quantize_partition(partition):
-        """Replace a float ZeRO partition by int8 codes carrying its attributes and ``ds_quant_scale``."""
+    def quantize_partition(partition, like=None):
+        """Int8 codes of a float ZeRO partition, to replace ``like`` (default: the partition itself)."""
         codes, scales = ops.quantize(partition, backend=QuantizerMethods.backend)
-        codes.__dict__.update({k: v for k, v in partition.__dict__.items() if k != "ds_quant_scale"})
+        return QuantizerMethods.stored_partition(codes, scales, partition if like is None else like)
+
+    @staticmethod
+    def stored_partition(codes, scales, like):
+        """``codes`` made a MixZ++ partition in place of ``like``: its attributes, and ``scales`` as
+        ``ds_quant_scale``."""
+        codes.__dict__.update({k: v for k, v in like.__dict__.items() if k != "ds_quant_scale"})
         codes.ds_quant_scale = scales
         return codes
+
+    @staticmethod
+    def dequantize_partition(partition, dtype):
+        """A MixZ++ partition's values in ``dtype``: what a forward gathers from it."""
+        return ops.dequantize(partition, partition.ds_quant_scale, dtype, backend=QuantizerMethods.backend)

@@ -239,11 +239,40 @@ def _zero_padding(param, attr, rank):
             partition.view(-1).narrow(0, valid, size - valid).zero_()
 
 
+@contextlib.contextmanager
+def _float_stand_in(param, attr, rewritten):
+    """While DeepSpeed rewrites an existing MixZ++ partition (re-partitioning with ``has_been_updated`` after
+    GatheredParameters(modifier_rank=...)), it copies float values into the int8 codes, truncating them to 0
+    or +-1. Handed a float partition of the parameter's dtype holding the current values instead, it writes
+    there, and what it wrote is quantized afterwards. An unchanged partition keeps its codes: quantizing
+    dequantized values again would move them (a group's absmax is not always a code of 127)."""
+    codes = getattr(param, attr, None)
+    if not rewritten or not stored_quantized(codes):
+        yield
+        return
+    dtype = own_dtype(param)
+    stand_in = QuantizerMethods.dequantize_partition(codes, dtype)
+    stand_in.__dict__.update({k: v for k, v in codes.__dict__.items() if k != "ds_quant_scale"})
+    setattr(param, attr, stand_in)
+    try:
+        yield
+    finally:
+        written = getattr(param, attr)
+        unchanged = torch.equal(written, QuantizerMethods.dequantize_partition(codes, dtype))
+        setattr(param, attr, codes if unchanged else QuantizerMethods.quantize_partition(written))
+
+
+def _has_been_updated(args, kwargs):
+    """``has_been_updated`` of ``_partition_param(param, buffer=None, has_been_updated=False, ...)``."""
+    return kwargs.get("has_been_updated", len(args) > 1 and args[1])
+
+
 def partition_seam(attr):
     """Seam factory for ``Init._partition_param`` (attr ``ds_tensor``) and ``_partition_param_sec``
     (``ds_secondary_tensor``). MixZ++: upstream quantizes the freshly allocated, still empty buffer and then copies
-    the float values into the int8 result, so quantization is deferred until the partition holds its values. And
-    padding is zeroed, so that it never takes part in a quantization group's absmax."""
+    the float values into the int8 result, so quantization is deferred until the partition holds its values; a
+    partition rewritten from updated data is re-quantized from the written values. And padding is zeroed, so
+    that it never takes part in a quantization group's absmax."""
 
     def factory(original):
 
@@ -253,8 +282,9 @@ def partition_seam(attr):
             fresh = (getattr(param, attr, None) is None and not param.requires_grad
                      and getattr(init, "quantized_nontrainable_weights", False))
             if not fresh:
-                result = original(init, param, *args, **kwargs)
-                _zero_padding(param, attr, _partition_rank(init, param, attr))
+                with _float_stand_in(param, attr, _has_been_updated(args, kwargs)):
+                    result = original(init, param, *args, **kwargs)
+                    _zero_padding(param, attr, _partition_rank(init, param, attr))
                 return result
             dtype = param.dtype
             with deferring_quantize():
@@ -313,6 +343,57 @@ def quantize_nontrainable_params(optimizer):
             if partition is not None and not stored_quantized(partition):
                 setattr(param, attr, QuantizerMethods.quantize_partition(partition))
         param.ds_zeropp_dtype = dtype
+
+
+# --- checkpoints of MixZ++ weights ----------------------------------------------------------------------------
+
+
+def frozen_fragment(original):
+    """Seam factory for ``DeepSpeedEngine._get_param_fragment_func``: a MixZ++ weight's fragment in the model
+    states file is its dequantized partition in its own dtype, what zero_to_fp32 and a forward read. Its codes
+    and scales ride along as attributes (``ds_zeropp_codes``, ``ds_zeropp_scale``; pickled with the tensor,
+    dropped by zero_to_fp32's concatenation) so that loading restores them exactly."""
+
+    def wrapper(engine, param):
+        fragment = original(engine, param)
+        partition = getattr(param, "ds_tensor", None)
+        if not stored_quantized(partition):
+            return fragment
+        values = QuantizerMethods.dequantize_partition(partition, own_dtype(param)).detach().cpu()
+        values.ds_zeropp_codes = fragment
+        values.ds_zeropp_scale = partition.ds_quant_scale.detach().cpu()
+        return values
+
+    return wrapper
+
+
+def _restored_partition(partition, saved):
+    """The MixZ++ partition for a saved frozen fragment: its own codes when it carries them, else (a checkpoint
+    written without MixZ++) the saved values quantized."""
+    codes = getattr(saved, "ds_zeropp_codes", None)
+    if codes is None:
+        return QuantizerMethods.quantize_partition(saved.to(partition.device), like=partition)
+    scales = saved.ds_zeropp_scale.to(partition.device, copy=True)
+    return QuantizerMethods.stored_partition(codes.to(partition.device, copy=True), scales, partition)
+
+
+def load_frozen_fragments(original):
+    """Seam factory for ``DeepSpeedEngine.load_module_state_dict``: upstream copies each saved frozen fragment
+    into ``param.ds_tensor``, which for a MixZ++ weight is int8 (floats truncated to 0 or +-1). Afterwards every
+    MixZ++ partition whose float fragment was loaded is rebuilt from the checkpoint."""
+
+    def wrapper(engine, checkpoint, *args, **kwargs):
+        result = original(engine, checkpoint, *args, **kwargs)
+        from deepspeed.checkpoint.constants import FROZEN_PARAM_FRAGMENTS
+        fragments = checkpoint.get(FROZEN_PARAM_FRAGMENTS) or {}
+        for param in engine.module.parameters():
+            partition = getattr(param, "ds_tensor", None)
+            saved = fragments.get(engine.param_names.get(param))
+            if stored_quantized(partition) and saved is not None and saved.dtype in SUPPORTED_DTYPES:
+                param.ds_tensor = _restored_partition(partition, saved)
+        return result
+
+    return wrapper
 
 
 def class_quantizer(original):

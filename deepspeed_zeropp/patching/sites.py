@@ -14,6 +14,7 @@ PARTITION_PARAMETERS = "deepspeed.runtime.zero.partition_parameters"
 STAGE3 = "deepspeed.runtime.zero.stage3"
 COALESCED_COLLECTIVES = "deepspeed.runtime.comm.coalesced_collectives"
 PARAMETER_OFFLOAD = "deepspeed.runtime.zero.parameter_offload"
+ENGINE = "deepspeed.runtime.engine"
 UPSTREAM_DTYPE_FIX = "0.19.6"  # DeepSpeed PR #8215: fp16 detour in the quantizer, dtype= at five sites
 
 OLDEST_SUPPORTED = "0.14.4"
@@ -120,6 +121,20 @@ SITES = (
          "of no quantization, leaving the last rank's padding uninitialised; the engine's config may still turn "
          "qwZ on for every gather. This is the first engine step that knows the flags and sees every partition.",
          module=PARAMETER_OFFLOAD),
+    Site("DeepSpeedEngine",
+         "_get_param_fragment_func",
+         seams.frozen_fragment,
+         "Why this seam: save_checkpoint stores each frozen parameter's partition as its fragment in the model "
+         "states file, which zero_to_fp32 concatenates; for MixZ++ that is int8 codes without their scales. This "
+         "method hands over one parameter's fragment, so the dequantized partition can take its place.",
+         module=ENGINE),
+    Site("DeepSpeedEngine",
+         "load_module_state_dict",
+         seams.load_frozen_fragments,
+         "Why this seam: load_checkpoint copies the saved frozen fragments into the partitions here, floats into "
+         "MixZ++'s int8 codes; the wrapper sees the checkpoint and every parameter, so it rebuilds those "
+         "partitions from what was saved.",
+         module=ENGINE),
     Site(None,
          "all_to_all_quant_reduce",
          seams.replace_with(qgz.all_to_all_quant_reduce),

@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -27,6 +28,8 @@ def ds_config(run, dtype):
         # Without prefetching every step gathers the same buckets (qwZ groups span a whole bucket), so a fresh
         # engine quantizes the same way the saved one did and the next-step losses can be compared closely.
         zero["stage3_prefetch_bucket_size"] = 0
+    if run.get("export"):
+        zero["stage3_gather_16bit_weights_on_model_save"] = True  # else save_16bit_model writes nothing
     if run.get("quantized_gradients"):
         zero["zero_quantized_gradients"] = True
     if run.get("hpz"):
@@ -37,9 +40,7 @@ def ds_config(run, dtype):
             zero["offload_param"]["nvme_path"] = run["nvme_path"]
     if run.get("offload_optimizer"):
         zero["offload_optimizer"] = {"device": run["offload_optimizer"]}
-    offload_extras = {"zero_force_ds_cpu_optimizer": False} if run.get("offload_optimizer") else {}  # torch AdamW
     config = {
-        **offload_extras,
         "train_micro_batch_size_per_gpu": 4,
         "gradient_accumulation_steps": 1,
         "zero_optimization": zero,
@@ -50,6 +51,7 @@ def ds_config(run, dtype):
             "enabled": dtype == torch.float16
         },
         "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,  # the harness's torch AdamW, also with the optimizer offloaded
         "steps_per_print": 10**9,
     }
     if run.get("warmup"):  # [peak lr, steps]: linear warm-up, then constant
@@ -238,18 +240,94 @@ def partitions(engine):
     return stored
 
 
+def forward_values(engine, names):
+    """The named parameters as a forward sees them (gathered, dequantized), on CPU."""
+    import deepspeed
+    values = {}
+    for name, param in engine.module.named_parameters():
+        if name in names:
+            with deepspeed.zero.GatheredParameters([param]):
+                values[name] = param.detach().cpu().clone()
+    return values
+
+
+def write_back(engine, checks, rank):
+    """Rank 0 writes new values into a frozen weight through GatheredParameters(modifier_rank=0); on exit
+    DeepSpeed re-partitions every rank's copy from the written data. From here on the value checks expect the
+    written values: at the next forward, in the exports, after a checkpoint round trip."""
+    import deepspeed
+    name, param = next((n, p) for n, p in engine.module.named_parameters() if not p.requires_grad)
+    new = torch.randn(param.ds_shape, generator=torch.Generator().manual_seed(7)) * 0.05
+    with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+        if rank == 0:
+            param.data.copy_(new.to(param.dtype))
+    checks.expected[param] = (name, param.dtype, new.to(param.dtype).float(), False)
+    with deepspeed.zero.GatheredParameters([param]):
+        checks._compare(f"GatheredParameters({name}) after writing", param.detach().float().cpu(), new)
+    return name
+
+
+def run_zero_to_fp32_script(directory):
+    """The zero_to_fp32.py DeepSpeed writes into the checkpoint folder, run as users do; its second argument is
+    an output file up to 0.16 and an output folder from then on."""
+    output = os.path.join(directory, "zero_to_fp32_output")
+    subprocess.run([sys.executable, os.path.join(directory, "zero_to_fp32.py"), directory, output],
+                   check=True,
+                   capture_output=True)
+    path = os.path.join(output, "pytorch_model.bin") if os.path.isdir(output) else output
+    return torch.load(path, weights_only=False)
+
+
+def export_check(engine, spec, run, rank):
+    """Every reader of a saved engine gets each frozen weight as a forward uses it, in its dtype: the model
+    states' frozen fragments through zero_to_fp32 (its API and its script; the script may widen to fp32) and
+    save_16bit_model. Reports the first few weights each reader got wrong."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    frozen = {name for name, param in engine.module.named_parameters() if not param.requires_grad}
+    expected = forward_values(engine, frozen)
+    directory = os.path.join(os.path.dirname(spec["out"]), f"export-{run['name']}")
+    engine.save_checkpoint(directory, tag="export")
+    engine.save_16bit_model(directory, "model_16bit.bin")
+    torch.distributed.barrier()
+    if rank != 0:
+        return None
+    readers = {
+        "zero_to_fp32 API": (get_fp32_state_dict_from_zero_checkpoint(directory, tag="export"), False),
+        "zero_to_fp32.py": (run_zero_to_fp32_script(directory), True),
+        "save_16bit_model": (torch.load(os.path.join(directory, "model_16bit.bin"), weights_only=False), False),
+    }
+    wrong = []
+    for reader, (state, may_widen) in readers.items():
+        mismatches = []
+        for name in sorted(frozen):
+            got, want = state.get(name), expected[name]
+            if got is None or got.shape != want.shape or not torch.equal(got.float(), want.float()):
+                mismatches.append(f"{reader}: {name} {None if got is None else got.flatten()[:3].tolist()} "
+                                  f"instead of {want.flatten()[:3].tolist()}")
+            elif got.dtype != want.dtype and not (may_widen and got.dtype == torch.float32):
+                mismatches.append(f"{reader}: {name} {got.dtype} instead of {want.dtype}")
+        wrong += mismatches[:3] + ([f"{reader}: {len(mismatches)} of {len(frozen)} wrong"] if mismatches else [])
+    return {"frozen": len(frozen), "wrong": wrong}
+
+
 def checkpoint_round_trip(engine, spec, run, dtype, rank):
-    """save_checkpoint, then a fresh engine loads it: same partitions, same loss on the next step."""
+    """save_checkpoint, then a fresh engine loads it: same partitions, same loss on the next step (with
+    ``warm_up``, after one forward of the fresh engine without gradients)."""
     directory = os.path.join(os.path.dirname(spec["out"]), f"ckpt-{run['name']}")
     engine.save_checkpoint(directory, tag="step")
     before = partitions(engine)
     steps = spec.get("steps", 5)
+    torch.manual_seed(steps)  # the RNG (dropout) is not part of a checkpoint: both next steps draw the same
     loss_saved, _ = train_step(engine, spec, steps, rank)
     fresh, _ = make_engine(spec, run, dtype)
     fresh.load_checkpoint(directory, tag="step")
     fresh.empty_partition_cache()  # release whatever loading left gathered: the next forward gathers afresh
     after = partitions(fresh)
     mismatched = [k for k in before if k not in after or not torch.equal(before[k], after[k])]
+    if run.get("warm_up"):  # see test_checkpoint_round_trip: a first forward gathers some weights unquantized
+        with torch.no_grad():
+            fresh(**{k: v.to(fresh.device) for k, v in models.batch(spec["model"], steps, rank).items()})
+    torch.manual_seed(steps)
     loss_loaded, _ = train_step(fresh, spec, steps, rank)
     return {
         "mismatched": mismatched,
@@ -360,9 +438,11 @@ def train(run, spec, rank):
         checks.attach(engine.module)
     counters = Counters()
     counters.install()
-    losses, step_ms = [], []
+    losses, step_ms, written = [], [], None
     try:
         for step in range(spec.get("steps", 5)):
+            if run.get("write_back") and step == spec.get("steps", 5) - 1:  # the last step's forward reads it
+                written = write_back(engine, checks, rank)
             loss, ms = train_step(engine, spec, step, rank)
             losses.append(loss)
             step_ms.append(ms)
@@ -370,9 +450,12 @@ def train(run, spec, rank):
         if run.get("gathered_check"):
             gathered_check(engine, checks)
         final = digest(engine) if run.get("digest") else None
+        exported = export_check(engine, spec, run, rank) if run.get("export") else None
     finally:
         counters.remove()
         work.remove()
+    # Before the report: the round trip's next step also runs the value checks (written weights included).
+    restored = checkpoint_round_trip(engine, spec, run, dtype, rank) if run.get("checkpoint") else None
     result = {
         "losses": losses,
         "step_ms": step_ms,
@@ -384,8 +467,9 @@ def train(run, spec, rank):
         "seam_work": work.counts,
         "digest": final,
     }
-    if run.get("checkpoint"):
-        result["checkpoint"] = checkpoint_round_trip(engine, spec, run, dtype, rank)
+    for key, value in (("written", written), ("export", exported), ("checkpoint", restored)):
+        if value is not None:
+            result[key] = value
     return result
 
 

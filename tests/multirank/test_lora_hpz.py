@@ -20,7 +20,8 @@ def lora():
         "name": "checkpoint",
         "quantized": True,
         "quantized_nontrainable": True,
-        "checkpoint": True
+        "checkpoint": True,
+        "warm_up": True
     }, {
         "name": "checkpoint_mixz",
         "quantized_nontrainable": True,
@@ -44,13 +45,13 @@ def test_checkpoint_round_trip(lora):
         assert_clean(run)
         restored = run["checkpoint"]
         assert restored["compared"] > 0 and restored["mismatched"] == [], restored
-    # MixZ++ alone gathers stored codes: the restored engine reproduces the next loss bit for bit.
-    exact = result["runs"]["checkpoint_mixz"]["checkpoint"]
-    assert exact["next_loss_loaded"] == exact["next_loss_saved"]
-    # With qwZ the restored engine's first forward differs from the saved engine's by ~1e-5 (see the note in
-    # README "Checkpoints"); weights are identical, so a loose bound is enough to catch a wrong restore.
-    close = result["runs"]["checkpoint"]["checkpoint"]
-    assert abs(close["next_loss_loaded"] - close["next_loss_saved"]) <= 1e-3 * abs(close["next_loss_saved"])
+    # MixZ++ alone: the restored engine's next step reproduces the saved engine's loss bit for bit. With qwZ the
+    # restored engine's first forward gathers the adapters, which PEFT reads in their parent's forward, through
+    # ZeRO-3's on-access gather, which never quantizes (later forwards fetch them quantized, as the saved engine
+    # does); after one forward without gradients the round trip is exact as well.
+    for name in ("checkpoint", "checkpoint_mixz"):
+        restored = result["runs"][name]["checkpoint"]
+        assert restored["next_loss_loaded"] == restored["next_loss_saved"], (name, restored)
 
 
 def test_hpz_four_ranks_bf16():
