@@ -311,29 +311,39 @@ def export_check(engine, spec, run, rank):
 
 
 def checkpoint_round_trip(engine, spec, run, dtype, rank):
-    """save_checkpoint, then a fresh engine loads it: same partitions, same loss on the next step (with
-    ``warm_up``, after one forward of the fresh engine without gradients)."""
+    """save_checkpoint, then a fresh engine loads it: same partitions, same losses on the next ``next_steps``
+    steps (with ``warm_up``, after one forward of the fresh engine without gradients). More than one next step
+    also checks what the first backward used: with hpZ it gathers the secondary partitions, which a load must
+    refresh."""
     directory = os.path.join(os.path.dirname(spec["out"]), f"ckpt-{run['name']}")
     engine.save_checkpoint(directory, tag="step")
     before = partitions(engine)
-    steps = spec.get("steps", 5)
-    torch.manual_seed(steps)  # the RNG (dropout) is not part of a checkpoint: both next steps draw the same
-    loss_saved, _ = train_step(engine, spec, steps, rank)
+    steps, next_steps = spec.get("steps", 5), run.get("next_steps", 1)
+
+    def next_losses(trained):
+        if run.get("warm_up"):  # see test_checkpoint_round_trip: a first forward gathers some weights unquantized
+            with torch.no_grad():
+                trained(**{k: v.to(trained.device) for k, v in models.batch(spec["model"], steps, rank).items()})
+        torch.manual_seed(steps)  # the RNG (dropout) is not part of a checkpoint: both engines draw the same
+        return [train_step(trained, spec, steps + i, rank)[0] for i in range(next_steps)]
+
+    losses_saved = next_losses(engine)
     fresh, _ = make_engine(spec, run, dtype)
     fresh.load_checkpoint(directory, tag="step")
     fresh.empty_partition_cache()  # release whatever loading left gathered: the next forward gathers afresh
     after = partitions(fresh)
     mismatched = [k for k in before if k not in after or not torch.equal(before[k], after[k])]
-    if run.get("warm_up"):  # see test_checkpoint_round_trip: a first forward gathers some weights unquantized
-        with torch.no_grad():
-            fresh(**{k: v.to(fresh.device) for k, v in models.batch(spec["model"], steps, rank).items()})
-    torch.manual_seed(steps)
-    loss_loaded, _ = train_step(fresh, spec, steps, rank)
+    everyone = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(everyone, mismatched)  # every rank's partitions, not only rank 0's
+    mismatched = [f"rank {r}: {k}" for r, keys in enumerate(everyone) for k in keys]
+    losses_loaded = next_losses(fresh)
     return {
         "mismatched": mismatched,
         "compared": len(before),
-        "next_loss_saved": loss_saved,
-        "next_loss_loaded": loss_loaded
+        "next_loss_saved": losses_saved[0],
+        "next_loss_loaded": losses_loaded[0],
+        "next_losses_saved": losses_saved,
+        "next_losses_loaded": losses_loaded
     }
 
 
