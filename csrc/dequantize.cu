@@ -119,7 +119,7 @@ void launch(const int8_t* codes,
     constexpr int kVec = 16 / sizeof(Bits);
     if (numel == 0) return;
     const bool aligned = reinterpret_cast<uintptr_t>(codes) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
-    // 32-bit indices (cheaper division) while the packet index arithmetic cannot overflow them, nor the layout's sizes.
+    // 32-bit indices (cheaper division) while neither packet index arithmetic nor the layout's sizes overflow them.
     const int64_t limit = int64_t(1) << 32;
     const bool narrow = numel + kThreads * kUnroll * kVec < limit && group_size < limit && block_numel < limit;
     Bits* bits = static_cast<Bits*>(out);

@@ -20,7 +20,8 @@ class QuantizerMethods:
 
     def quantize(self, param, groups=None):
         """Why this seam: upstream reads every input as fp16 bits; ours quantizes each dtype natively and
-        picks a bounded group layout for any size (grouping.py). Returns int8 codes and 1-D fp32 scales (gloo-compatible)."""
+        picks a bounded group layout for any size (grouping.py). Returns int8 codes and 1-D fp32 scales
+        (gloo-compatible)."""
         if quantize_is_deferred():
             return param.zero_(), DEFERRED
         return ops.quantize(param, groups, backend=QuantizerMethods.backend)
