@@ -110,7 +110,7 @@ def dequantize_segments(codes, scales, block_numels, dtype=None, backend="auto")
 
 
 def _runs(block_numels):
-    """One backend call per run of neighbouring buffers: (codes, scales, group size, block numel or None). Buffers of
+    """One backend call per run of neighbouring buffers: (numel, groups, group size, block numel or None). Buffers of
     one size share a call, and so do buffers of equal groups of one size."""
     runs = []
     for numel in block_numels:

@@ -22,12 +22,12 @@ class DequantTarget(NamedTuple):
     segments: Optional[Tuple[int, ...]] = None
 
     def block_numel_of(self, codes):
-        """The per-rank block numel of ``codes``, or None when they are one quantized buffer."""
+        """The per-rank block numel of ``codes``, or None when they are one quantized buffer (or empty blocks)."""
         if self.blocks is None:
-            return self.block_numel
+            return self.block_numel or None
         if codes.numel() % self.blocks != 0:
             raise ValueError(f"{codes.numel()} gathered codes cannot be {self.blocks} equal per-rank blocks")
-        return codes.numel() // self.blocks
+        return codes.numel() // self.blocks or None
 
 
 _current = contextvars.ContextVar("deepspeed_zeropp_dequant_target", default=None)
