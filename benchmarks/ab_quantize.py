@@ -20,7 +20,7 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 from deepspeed_zeropp.backends import cuda as new  # noqa: E402
-from deepspeed_zeropp.grouping import group_count  # noqa: E402
+from deepspeed_zeropp.grouping import group_layout  # noqa: E402
 
 SIZES = {"16M": 2**24, "134M": 2**27}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -94,7 +94,7 @@ def main():
         for dtype_name in ("fp16", "bf16"):
             dtype = DTYPES[dtype_name]
             for size_name, numel in SIZES.items():
-                groups = group_count(numel)
+                groups = group_layout(numel).groups
                 xs = [torch.randn(numel, device="cuda").to(dtype) for _ in range(max(2, 2**29 // (3 * numel)))]
                 a, b = old.quantize(xs[0], groups), new.quantize(xs[0], groups)
                 identical = bool(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]))
@@ -116,7 +116,7 @@ def main():
                 del xs
                 torch.cuda.empty_cache()
     numel = 2**20
-    groups = group_count(numel)
+    groups = group_layout(numel).groups
     for dtype_name, dtype in DTYPES.items():
         xs = [torch.randn(numel, device="cuda").to(dtype) for _ in range(64)]
         wires = [new.quantize(x, groups) for x in xs]

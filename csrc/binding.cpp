@@ -40,13 +40,17 @@ void check_flat_cuda(const at::Tensor& t, const char* what)
     require(t.dim() == 1 && t.is_contiguous(), what, " must be flat and contiguous");
 }
 
-std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& input, int64_t groups)
+// `groups` groups of `group_size` elements, the last one ending at numel (it may be shorter).
+std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& input, int64_t groups, int64_t group_size)
 {
     check_flat_cuda(input, "input");
     const dszpp::Format format = format_of(input.scalar_type(), "input");
-    require(groups >= 1 && input.numel() % groups == 0, "groups must be >= 1 and divide numel");
+    const int64_t numel = input.numel();
+    require(groups >= 1 && group_size >= 0, "groups must be >= 1 and group_size >= 0");
     require(groups <= INT32_MAX, "at most 2^31 - 1 groups are supported");
-    require(input.numel() / groups < INT32_MAX - 64, "groups of 2^31 or more elements are not supported");
+    require(group_size < INT32_MAX - 64, "groups of 2^31 or more elements are not supported");
+    require(numel <= groups * group_size && (numel == 0 || (groups - 1) * group_size < numel),
+            "groups of group_size elements must cover numel, the last one holding at least one element");
     const c10::cuda::CUDAGuard device_guard(input.device());
     at::Tensor codes = at::empty({input.numel()}, input.options().dtype(at::kChar));
     at::Tensor scales = at::empty({groups}, input.options().dtype(at::kFloat));
@@ -55,14 +59,17 @@ std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& input, int64_t gro
                            codes.data_ptr<int8_t>(),
                            scales.data_ptr<float>(),
                            groups,
-                           input.numel() / groups,
+                           group_size,
+                           numel,
                            c10::cuda::getCurrentCUDAStream());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return {codes, scales};
 }
 
-// Writes into `out` (allocated by the caller in the requested dtype) rather than taking a dtype argument.
-void dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t group_size, at::Tensor& out)
+// Writes into `out` (allocated by the caller in the requested dtype) rather than taking a dtype argument. A
+// block_numel that is a multiple of group_size means equal groups; any other: per-block layouts (quantizer.h).
+void dequantize(
+    const at::Tensor& codes, const at::Tensor& scales, int64_t group_size, int64_t block_numel, at::Tensor& out)
 {
     check_flat_cuda(codes, "codes");
     check_flat_cuda(scales, "scales");
@@ -71,8 +78,14 @@ void dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t group
     require(scales.scalar_type() == at::kFloat, "scales must be float32");
     require(out.numel() == codes.numel(), "out must have as many elements as codes");
     require(codes.device() == scales.device() && codes.device() == out.device(), "tensors on different devices");
-    require(group_size >= 1 && codes.numel() <= scales.numel() * group_size,
-                "codes do not fit the given groups and group_size");
+    require(group_size >= 1 && block_numel >= 1, "group_size and block_numel must be >= 1");
+    if (block_numel % group_size == 0) {
+        require(codes.numel() <= scales.numel() * group_size, "codes do not fit the given groups and group_size");
+    } else {
+        const int64_t block_groups = (block_numel + group_size - 1) / group_size;
+        require(scales.numel() % block_groups == 0 && codes.numel() <= scales.numel() / block_groups * block_numel,
+                "codes do not fit blocks of block_numel elements with their scales");
+    }
     const dszpp::Format format = format_of(out.scalar_type(), "out");
     const c10::cuda::CUDAGuard device_guard(codes.device());
     dszpp::launch_dequantize(format,
@@ -81,6 +94,7 @@ void dequantize(const at::Tensor& codes, const at::Tensor& scales, int64_t group
                              out.data_ptr(),
                              codes.numel(),
                              group_size,
+                             block_numel,
                              c10::cuda::getCurrentCUDAStream());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -177,8 +191,8 @@ void qgz_decode_sum(const at::Tensor& blocks, int64_t padded_chunk, double facto
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
 {
     m.doc() = "deepspeed_zeropp native quantizers (fp16, bf16, fp32): int8 weights, qgZ 4-bit gradients";
-    m.def("quantize", &quantize, "flat input, groups -> (int8 codes, fp32 scales [groups])");
-    m.def("dequantize", &dequantize, "codes, scales, group_size, out: out[i] = codes[i] * scales[i / group_size]");
+    m.def("quantize", &quantize, "flat input, groups, group_size -> (int8 codes, fp32 scales [groups])");
+    m.def("dequantize", &dequantize, "codes, scales, group_size, block_numel, out: out[i] = codes[i] * scale of i");
     m.def("qgz_encode", &qgz_encode, "qgZ: gradient, destinations, rows, chunk, padded_chunk -> uint8 blocks");
     m.def("qgz_reduce_encode", &qgz_reduce_encode, "qgZ: blocks, rows, padded_chunk -> summed, re-encoded blocks");
     m.def("qgz_decode_sum", &qgz_decode_sum, "qgZ: blocks, padded_chunk, factor, out: out = sum * factor");

@@ -1,9 +1,9 @@
-// Symmetric int8 quantization, one thread block per contiguous group.
+// Symmetric int8 quantization, one thread block per contiguous group; the last group may be shorter (grouping.py).
 //
 // A block reads its group once into registers (kLoads 16-byte loads per thread: up to 64 KiB per group at 1024
 // threads, four times DeepSpeed's largest group), reduces the exact absmax, then writes the codes from registers:
-// input bytes cross the memory bus once. Larger groups (a prime-sized tensor is one group) take a second pass over
-// the input, which then mostly hits L2. Whatever the group size, the aligned interior of a group moves in 16-byte
+// input bytes cross the memory bus once. Larger groups (only an explicit group count makes them) take a second pass
+// over the input, which then mostly hits L2. Whatever the group size, the aligned interior of a group moves in 16-byte
 // loads; the few elements before the first and after the last 16-byte boundary of the group are handled one at a
 // time. An input pointer that is not 16-byte aligned runs the same kernel with single-element packets.
 #include <cfloat>
@@ -79,14 +79,15 @@ template <typename Fmt, int VEC>
 __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fmt::Bits* __restrict__ input,
                                 int8_t* __restrict__ codes,
                                 float* __restrict__ scales,
-                                int64_t group_size)
+                                int64_t group_size,
+                                int64_t numel)
 {
     using Bits = typename Fmt::Bits;
     using InPacket = PacketOf<Bits, VEC>;
     using CodePacket = PacketOf<int8_t, VEC>;
 
     const int64_t start = static_cast<int64_t>(blockIdx.x) * group_size;
-    const int64_t end = start + group_size;
+    const int64_t end = min(start + group_size, numel);
     const int64_t body_start = min((start + VEC - 1) / VEC * VEC, end);
     const int64_t body_end = max(end / VEC * VEC, body_start);
     // In-group offsets fit 32 bits (checked on the host); 64-bit index arithmetic would cost registers.
@@ -162,22 +163,29 @@ void launch_with(const typename Fmt::Bits* input,
                  float* scales,
                  int64_t groups,
                  int64_t group_size,
+                 int64_t numel,
                  cudaStream_t stream)
 {
     const int threads = threads_for((group_size + VEC - 1) / VEC);
-    quantize_kernel<Fmt, VEC><<<groups, threads, 0, stream>>>(input, codes, scales, group_size);
+    quantize_kernel<Fmt, VEC><<<groups, threads, 0, stream>>>(input, codes, scales, group_size, numel);
 }
 
 template <typename Fmt>
-void launch(const void* input, int8_t* codes, float* scales, int64_t groups, int64_t group_size, cudaStream_t stream)
+void launch(const void* input,
+            int8_t* codes,
+            float* scales,
+            int64_t groups,
+            int64_t group_size,
+            int64_t numel,
+            cudaStream_t stream)
 {
     using Bits = typename Fmt::Bits;
     const bool aligned = reinterpret_cast<uintptr_t>(input) % 16 == 0 && reinterpret_cast<uintptr_t>(codes) % 16 == 0;
     const Bits* bits = static_cast<const Bits*>(input);
     if (aligned)
-        launch_with<Fmt, 16 / sizeof(Bits)>(bits, codes, scales, groups, group_size, stream);
+        launch_with<Fmt, 16 / sizeof(Bits)>(bits, codes, scales, groups, group_size, numel, stream);
     else
-        launch_with<Fmt, 1>(bits, codes, scales, groups, group_size, stream);
+        launch_with<Fmt, 1>(bits, codes, scales, groups, group_size, numel, stream);
 }
 
 }  // namespace
@@ -188,12 +196,15 @@ void launch_quantize(Format format,
                      float* scales,
                      int64_t groups,
                      int64_t group_size,
+                     int64_t numel,
                      cudaStream_t stream)
 {
     switch (format) {
-        case Format::kHalf: launch<HalfFormat>(input, codes, scales, groups, group_size, stream); break;
-        case Format::kBFloat16: launch<BFloat16Format>(input, codes, scales, groups, group_size, stream); break;
-        case Format::kFloat: launch<FloatFormat>(input, codes, scales, groups, group_size, stream); break;
+        case Format::kHalf: launch<HalfFormat>(input, codes, scales, groups, group_size, numel, stream); break;
+        case Format::kBFloat16:
+            launch<BFloat16Format>(input, codes, scales, groups, group_size, numel, stream);
+            break;
+        case Format::kFloat: launch<FloatFormat>(input, codes, scales, groups, group_size, numel, stream); break;
     }
 }
 

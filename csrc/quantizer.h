@@ -12,22 +12,28 @@ namespace dszpp {
 
 enum class Format { kHalf, kBFloat16, kFloat };
 
-// One block per contiguous group of `group_size` elements; writes `groups` codes blocks and fp32 scales.
+// One block per contiguous group of `group_size` elements, the last one ending at `numel`
+// ((groups - 1) * group_size < numel <= groups * group_size, or numel == 0); writes `numel` codes and `groups` scales.
 void launch_quantize(Format format,
                      const void* input,
                      int8_t* codes,
                      float* scales,
                      int64_t groups,
                      int64_t group_size,
+                     int64_t numel,
                      cudaStream_t stream);
 
-// out[i] = codes[i] * scales[i / group_size], for i < numel (numel may be a prefix of groups * group_size).
+// out[i] = codes[i] * scales[group of i], for i < numel. When block_numel is a multiple of group_size the group of i
+// is i / group_size (numel may be a prefix of the groups). Otherwise the codes are blocks of block_numel elements,
+// each quantized on its own in G = ceil(block_numel / group_size) groups with a short last one (numel may be a prefix
+// of the blocks): the group of i is (i / block_numel) * G + (i % block_numel) / group_size.
 void launch_dequantize(Format format,
                        const int8_t* codes,
                        const float* scales,
                        void* out,
                        int64_t numel,
                        int64_t group_size,
+                       int64_t block_numel,
                        cudaStream_t stream);
 
 // qgZ, groups of 256 values. A block of `rows` rows holds rows * padded_chunk / 2 bytes of codes, then one fp32 scale

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .grouping import group_count
+from .grouping import group_layout
 
 PACKAGE_PARENT = Path(__file__).resolve().parents[1]  # so the timed subprocesses import this same copy
 
@@ -97,15 +97,14 @@ def environment(ds_version):
 
 
 def bench_dtype_size(dtype, numel, ours, ds_op, reps):
-    groups = group_count(numel)
-    group_size = numel // groups
+    groups, group_size = group_layout(numel)
     element = torch.finfo(dtype).bits // 8
     q_bytes = numel * element + numel + 4 * groups
     buffers = max(1, math.ceil(ROTATION_BYTES / q_bytes))
     xs = [torch.randn(numel, device="cuda").to(dtype) for _ in range(buffers)]
-    wires = [ours.quantize(x, groups) for x in xs]
+    wires = [ours.quantize(x, groups, group_size) for x in xs]
     row = {}
-    row["ours_q"] = time_per_call(lambda x: ours.quantize(x, groups), xs, reps)
+    row["ours_q"] = time_per_call(lambda x: ours.quantize(x, groups, group_size), xs, reps)
     row["ours_dq"] = time_per_call(lambda w: ours.dequantize(w[0], w[1], group_size, dtype), wires, reps)
     row["copy"] = time_per_call(lambda x: x.clone(), xs, reps)
     if ds_op is not None:

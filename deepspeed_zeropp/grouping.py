@@ -1,50 +1,73 @@
-"""Group count for a quantized buffer: a pure function of its element count.
+"""Group layout of a quantized buffer: a pure function of its element count (the wire format's one layout rule).
 
-Every rank must derive the same number of groups from the same numel, so this module depends on nothing
-but the integer. Where DeepSpeed's own heuristic succeeds we return its answer (identical numerics to
-upstream); where upstream would assert ("number of weights be a multiple of 8") we return a divisor of
-numel instead, so any partition size works.
+Every rank must derive the same layout from the same numel, so this module depends on nothing but the integer.
+A buffer of n >= 1 elements is cut into ``groups`` contiguous groups of ``group_size`` (E) elements, the last one
+holding the rest: n - (groups - 1) * E, between 1 and E, and groups = ceil(n / E).
+
+- Where DeepSpeed's own heuristic succeeds, the layout is its groups, all equal (identical numerics to upstream).
+- Elsewhere (upstream asserts "number of weights be a multiple of 8"), the layout takes as many groups as groups of
+  the target size would need, ceil(n / 8000), balances them and rounds the size up to a multiple of 16 elements, so
+  group boundaries are 16-byte boundaries of the codes and of every input dtype; the last group is the short one.
+  Groups never exceed 8000 elements, whatever the factors of n. Up to 8000 elements this is one group.
+- An empty buffer is one empty group (its scale is 1.0).
+
+A gathered buffer is k such buffers of n elements back to back (each rank quantizes its own partition) with k times
+the scales: element i lies in group (i // n) * groups + (i % n) // E. When n is a multiple of E that is i // E.
 """
 import functools
 import math
+from typing import NamedTuple
 
 TARGET_GROUP_SIZE = 8000  # DeepSpeed's target: groups of at most ~8k elements
 MAX_GROUP_SIZE = 16000  # DeepSpeed's hard limit for its own heuristic
-MIN_FALLBACK_GROUP_SIZE = 64  # below this, scales would cost more than they save
+ALIGNMENT = 16  # elements per aligned group boundary: 16 bytes of int8 codes, a whole number of 16-byte input packets
+
+
+class Layout(NamedTuple):
+    groups: int
+    group_size: int
+
+    def covers_exactly(self, numel):
+        """True when all groups are equal (no short last group)."""
+        return self.groups * self.group_size == numel
 
 
 def _upstream_groups(numel):
-    """DeepSpeed's heuristic (behaviourally), or None where upstream would raise."""
-    groups = math.ceil(numel / TARGET_GROUP_SIZE)
-    while groups < numel and numel % (8 * groups) != 0:
-        groups += 1
+    """DeepSpeed's heuristic (behaviourally), or None where upstream would raise. Upstream counts up from
+    ceil(numel / 8000) to the first count whose groups hold a multiple of 8 elements (up to numel steps); that
+    count is the smallest divisor of numel / 8 at or above the start, found here in sqrt(numel) steps."""
+    if numel % 8 != 0:
+        return None
+    start = math.ceil(numel / TARGET_GROUP_SIZE)
+    groups = min((d for d in _divisors(numel // 8) if d >= start), default=None)
+    if groups is None:
+        return None
     while numel % (16 * groups) == 0 and numel / groups > TARGET_GROUP_SIZE:
         groups *= 2
-    if numel % (8 * groups) != 0 or numel / groups >= MAX_GROUP_SIZE or numel <= groups:
+    if numel / groups >= MAX_GROUP_SIZE or numel <= groups:
         return None
     return groups
 
 
 def _divisors(n):
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
+    return small + [n // d for d in small]
 
 
-def _fallback_groups(numel):
-    """The fewest groups of at least MIN_FALLBACK_GROUP_SIZE elements that are no larger than the target size.
-
-    If no divisor satisfies both, take the most groups that still keep the minimum size (a prime numel
-    therefore gets one group)."""
-    divisors = [d for d in _divisors(numel) if numel // d >= min(numel, MIN_FALLBACK_GROUP_SIZE)]
-    within_target = [d for d in divisors if numel // d <= TARGET_GROUP_SIZE]
-    return min(within_target) if within_target else max(divisors)
+def _bounded_group_size(numel):
+    balanced = math.ceil(numel / math.ceil(numel / TARGET_GROUP_SIZE))
+    return min(numel, math.ceil(balanced / ALIGNMENT) * ALIGNMENT)
 
 
 @functools.lru_cache(maxsize=4096)
-def group_count(numel):
-    """Number of contiguous, equal-sized groups to quantize ``numel`` elements with (>= 1, divides numel)."""
+def group_layout(numel):
+    """The ``Layout`` (groups, group_size) a buffer of ``numel`` elements is quantized with."""
     if not isinstance(numel, int) or isinstance(numel, bool) or numel < 0:
         raise ValueError(f"numel must be a non-negative int, got {numel!r}")
     if numel == 0:
-        return 1
-    return _upstream_groups(numel) or _fallback_groups(numel)
+        return Layout(1, 0)
+    groups = _upstream_groups(numel)
+    if groups is not None:
+        return Layout(groups, numel // groups)
+    group_size = _bounded_group_size(numel)
+    return Layout(math.ceil(numel / group_size), group_size)

@@ -1,29 +1,34 @@
 """Public quantize / dequantize: input checks, shape handling and backend dispatch, in one place.
 
-Backends only ever see flat, contiguous tensors whose sizes already agree with the group count; everything a
-caller can get wrong is rejected here with an error that names the problem and what is accepted.
+Backends only ever see flat, contiguous tensors whose sizes already agree with the group layout; everything a
+caller can get wrong is rejected here with an error that names the problem and what is accepted. The layout itself
+comes from :func:`grouping.group_layout`.
 """
 import torch
 
 from .dtypes import DEFAULT_DEQUANT_DTYPE, check_float_dtype, check_wire_tensors
-from .grouping import group_count
+from .grouping import Layout, group_layout
 from .backends import resolve_backend
 
 
 def quantize(x, groups=None, backend="auto"):
     """Quantize ``x`` (fp16, bf16 or fp32, any shape and layout) to int8 codes of x's shape and 1-D fp32 scales.
 
-    ``groups`` defaults to :func:`group_count` of ``x.numel()`` and must divide ``x.numel()``.
+    The groups are ``group_layout(x.numel())`` when ``groups`` is None or that layout's own count; any other
+    ``groups`` must divide ``x.numel()`` and gives equal groups (DeepSpeed's op's meaning of the argument).
     """
     _check_tensor(x, "quantize input")
     check_float_dtype(x.dtype, "quantize input")
     numel = x.numel()
-    if groups is None:
-        groups = group_count(numel)
-    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1 or numel % groups != 0:
-        raise ValueError(f"groups must be a positive int dividing numel={numel}, got {groups!r}")
+    if groups is not None and (not isinstance(groups, int) or isinstance(groups, bool)):
+        raise ValueError(f"groups must be None or a positive int dividing numel={numel}, got {groups!r}")
+    layout = group_layout(numel)
+    if groups is not None and groups != layout.groups:
+        if groups < 1 or numel % groups != 0:
+            raise ValueError(f"groups must be None or a positive int dividing numel={numel}, got {groups!r}")
+        layout = Layout(groups, numel // groups)
     impl = resolve_backend(backend, x.device)
-    codes, scales = impl.quantize(x.detach().contiguous().view(-1), groups)
+    codes, scales = impl.quantize(x.detach().contiguous().view(-1), *layout)
     return codes.view(x.shape), scales
 
 
@@ -46,59 +51,92 @@ def _checked_output_dtype(codes, scales, dtype):
     return dtype
 
 
-def dequantize(codes, scales, dtype=None, group_size=None, backend="auto"):
-    """Dequantize int8 ``codes`` with fp32 ``scales`` ([G] or [G, 1]) to ``dtype`` (fp16 when None), codes' shape.
+def dequantize(codes, scales, dtype=None, group_size=None, block_numel=None, backend="auto"):
+    """Dequantize int8 ``codes`` with fp32 ``scales`` ([S] or [S, 1]) to ``dtype`` (fp16 when None), codes' shape.
 
-    Groups are contiguous runs of ``group_size`` elements (default ``codes.numel() // G``, which must then divide
-    exactly). A larger ``group_size`` describes codes that are the prefix of a padded, gathered buffer.
+    The groups, by the argument given:
+    - ``block_numel=n``: the codes are k buffers of n elements back to back (or a prefix of them), each quantized
+      on its own in ``group_layout(n)``'s G groups, with S = k * G scales: an all-gather of per-rank quantized
+      partitions.
+    - ``group_size=E``: contiguous groups of E elements; the codes may be a prefix of S * E.
+    - neither: one quantized buffer, in ``group_layout(codes.numel())`` if that has S groups, else S equal groups.
     """
     dtype = _checked_output_dtype(codes, scales, dtype)
     flat_scales = scales.reshape(-1).contiguous()
-    num_groups, numel = flat_scales.numel(), codes.numel()
-    if group_size is None:
-        if numel % num_groups != 0:
-            raise ValueError(f"{numel} codes cannot be split into {num_groups} equal groups; pass group_size")
-        group_size = numel // num_groups
-    elif numel > num_groups * group_size or group_size < 1:
-        raise ValueError(f"{numel} codes do not fit {num_groups} groups of {group_size}")
+    group_size, block_numel = _dequantize_layout(codes.numel(), flat_scales.numel(), group_size, block_numel)
+    if codes.numel() == 0:
+        return torch.empty(codes.shape, dtype=dtype, device=codes.device)
     impl = resolve_backend(backend, codes.device)
-    out = impl.dequantize(codes.contiguous().view(-1), flat_scales, group_size, dtype)
+    out = impl.dequantize(codes.contiguous().view(-1), flat_scales, group_size, dtype, block_numel)
     return out.view(codes.shape)
 
 
-def dequantize_segments(codes, scales, segments, dtype=None, backend="auto"):
-    """Dequantize a buffer made of runs with different group sizes: ``segments`` lists (groups, group_size)
-    in buffer order. DeepSpeed's coalesced MixZ++ gather concatenates partitions quantized one by one."""
+def _dequantize_layout(numel, num_groups, group_size, block_numel):
+    """(group size, block numel) for the backends; the block numel is None when every group has the group size (the
+    backends' fast path): one block, or blocks that split into equal groups."""
+    if group_size is not None and block_numel is not None:
+        raise ValueError("pass group_size or block_numel, not both")
+    if block_numel is not None:
+        if not isinstance(block_numel, int) or block_numel < 1:
+            raise ValueError(f"block_numel must be a positive int, got {block_numel!r}")
+        layout = group_layout(block_numel)
+        blocks = num_groups // layout.groups
+        if num_groups % layout.groups != 0 or numel > blocks * block_numel:
+            raise ValueError(f"{numel} codes with {num_groups} scales are not blocks of {block_numel} elements "
+                             f"in {layout.groups} groups each")
+        uniform = blocks == 1 or layout.covers_exactly(block_numel)
+        return layout.group_size, None if uniform else block_numel
+    if group_size is None:
+        layout = group_layout(numel)
+        if layout.groups == num_groups:
+            return layout.group_size, None
+        if numel % num_groups != 0:
+            raise ValueError(f"{numel} codes cannot be split into {num_groups} equal groups; pass group_size "
+                             "or block_numel")
+        return numel // num_groups, None
+    if numel > num_groups * group_size or group_size < 1:
+        raise ValueError(f"{numel} codes do not fit {num_groups} groups of {group_size}")
+    return group_size, None
+
+
+def dequantize_segments(codes, scales, block_numels, dtype=None, backend="auto"):
+    """Dequantize buffers that were quantized one by one and concatenated: ``block_numels`` lists their element
+    counts in buffer order, each buffer in its own ``group_layout``. DeepSpeed's coalesced MixZ++ gather
+    concatenates stored partitions so."""
     dtype = _checked_output_dtype(codes, scales, dtype)
     flat_codes, flat_scales = codes.contiguous().view(-1), scales.reshape(-1)
-    if not all(_positive_int_pair(segment) for segment in segments):
-        raise ValueError(f"segments must be (groups, group_size) pairs of positive ints, got {segments!r}")
-    if sum(g * e for g, e in segments) != flat_codes.numel() or sum(g for g, _ in segments) != flat_scales.numel():
+    if not isinstance(block_numels, (tuple, list)) or not all(_count(n) for n in block_numels):
+        raise ValueError(f"block_numels must be a list of non-negative ints, got {block_numels!r}")
+    runs = _runs(block_numels)
+    if sum(r[0] for r in runs) != flat_codes.numel() or sum(r[1] for r in runs) != flat_scales.numel():
         raise ValueError(
-            f"segments {segments} do not cover {flat_codes.numel()} codes and {flat_scales.numel()} scales")
+            f"segments {block_numels} do not cover {flat_codes.numel()} codes and {flat_scales.numel()} scales")
     impl = resolve_backend(backend, codes.device)
     out = torch.empty(flat_codes.numel(), dtype=dtype, device=codes.device)
     code_at = scale_at = 0
-    for groups, group_size in _merge_runs(segments):
-        numel = groups * group_size
-        out[code_at:code_at + numel] = impl.dequantize(flat_codes[code_at:code_at + numel],
-                                                       flat_scales[scale_at:scale_at + groups].contiguous(),
-                                                       group_size, dtype)
+    for numel, groups, group_size, block_numel in runs:
+        if numel:
+            out[code_at:code_at + numel] = impl.dequantize(flat_codes[code_at:code_at + numel],
+                                                           flat_scales[scale_at:scale_at + groups].contiguous(),
+                                                           group_size, dtype,
+                                                           None if block_numel == numel else block_numel)
         code_at, scale_at = code_at + numel, scale_at + groups
     return out.view(codes.shape)
 
 
-def _positive_int_pair(segment):
-    return (isinstance(segment, (tuple, list)) and len(segment) == 2
-            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in segment))
+def _count(n):
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 
-def _merge_runs(segments):
-    """Join neighbouring runs of the same group size (one backend call each instead of one per partition)."""
-    merged = []
-    for groups, group_size in segments:
-        if merged and merged[-1][1] == group_size:
-            merged[-1] = (merged[-1][0] + groups, group_size)
+def _runs(block_numels):
+    """One backend call per run of neighbouring buffers: (numel, groups, group size, block numel or None). Buffers of
+    one size share a call, and so do buffers of equal groups of one size."""
+    runs = []
+    for numel in block_numels:
+        layout = group_layout(numel)
+        kind = (layout.group_size, None if layout.covers_exactly(numel) else numel)
+        if runs and runs[-1][2:] == kind:
+            runs[-1] = (runs[-1][0] + numel, runs[-1][1] + layout.groups) + kind
         else:
-            merged.append((groups, group_size))
-    return merged
+            runs.append((numel, layout.groups) + kind)
+    return runs

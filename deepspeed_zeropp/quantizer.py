@@ -20,14 +20,16 @@ class QuantizerMethods:
 
     def quantize(self, param, groups=None):
         """Why this seam: upstream reads every input as fp16 bits; ours quantizes each dtype natively and
-        picks a valid group count for any size. Returns int8 codes and 1-D fp32 scales (gloo-compatible)."""
+        picks a bounded group layout for any size (grouping.py). Returns int8 codes and 1-D fp32 scales
+        (gloo-compatible)."""
         if quantize_is_deferred():
             return param.zero_(), DEFERRED
         return ops.quantize(param, groups, backend=QuantizerMethods.backend)
 
     def dequantize(self, quantized_param, scale, dtype=None):
         """Why this seam: upstream always returns fp16. An explicit ``dtype`` wins; otherwise the dtype the
-        enclosing patched gather site recorded from its parameters; otherwise fp16, as upstream."""
+        enclosing patched gather site recorded from its parameters; otherwise fp16, as upstream. The site also
+        says how the gathered codes are laid out (one quantized block per rank)."""
         target = current_target()
         if target is None:
             return ops.dequantize(quantized_param, scale, dtype, backend=QuantizerMethods.backend)
@@ -41,7 +43,7 @@ class QuantizerMethods:
         return ops.dequantize(quantized_param,
                               scale,
                               dtype,
-                              group_size=target.group_size,
+                              block_numel=target.block_numel_of(quantized_param),
                               backend=QuantizerMethods.backend)
 
     @staticmethod

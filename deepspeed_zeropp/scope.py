@@ -12,9 +12,22 @@ import torch
 
 
 class DequantTarget(NamedTuple):
+    """The dtype to hand back and the group layout of the gathered codes (grouping.py): k per-rank blocks, each
+    quantized on its own, given by one of ``block_numel`` (the block's numel, for codes narrowed to a prefix),
+    ``blocks`` (k, when the site dequantizes several buffers of different block sizes) or ``segments`` (the numel
+    of every separately quantized buffer, in order). None of them: the codes are one quantized buffer."""
     dtype: torch.dtype
-    group_size: Optional[int] = None  # set when the codes are the prefix of a padded gathered buffer
-    segments: Optional[Tuple[Tuple[int, int], ...]] = None  # (groups, group size) runs of a non-uniform buffer
+    block_numel: Optional[int] = None
+    blocks: Optional[int] = None
+    segments: Optional[Tuple[int, ...]] = None
+
+    def block_numel_of(self, codes):
+        """The per-rank block numel of ``codes``, or None when they are one quantized buffer (or empty blocks)."""
+        if self.blocks is None:
+            return self.block_numel or None
+        if codes.numel() % self.blocks != 0:
+            raise ValueError(f"{codes.numel()} gathered codes cannot be {self.blocks} equal per-rank blocks")
+        return codes.numel() // self.blocks or None
 
 
 _current = contextvars.ContextVar("deepspeed_zeropp_dequant_target", default=None)
@@ -31,8 +44,8 @@ def _set(var, value):
         var.reset(token)
 
 
-def dequant_target(dtype, group_size=None, segments=None):
-    return _set(_current, DequantTarget(dtype, group_size, segments))
+def dequant_target(dtype, block_numel=None, blocks=None, segments=None):
+    return _set(_current, DequantTarget(dtype, block_numel, blocks, segments))
 
 
 def current_target():

@@ -126,15 +126,17 @@ def _extension():
     return _module
 
 
-def quantize(flat, groups):
-    """Quantize a flat contiguous CUDA tensor (numel divisible by ``groups``) -> (int8 codes, fp32 scales [groups])."""
-    return _extension().quantize(flat, groups)
+def quantize(flat, groups, group_size=None):
+    """Quantize a flat contiguous CUDA tensor in ``groups`` groups of ``group_size`` elements (default: equal groups),
+    the last one possibly short -> (int8 codes, fp32 scales [groups])."""
+    return _extension().quantize(flat, groups, flat.numel() // groups if group_size is None else group_size)
 
 
-def dequantize(codes, scales, group_size, dtype):
-    """Dequantize flat int8 ``codes`` (numel <= len(scales) * group_size) with 1-D fp32 ``scales`` into ``dtype``."""
+def dequantize(codes, scales, group_size, dtype, block_numel=None):
+    """Dequantize flat int8 ``codes`` with 1-D fp32 ``scales`` into ``dtype``: groups of ``group_size`` (codes may be
+    a prefix of len(scales) * group_size), or blocks of ``block_numel`` elements each with a short last group."""
     out = torch.empty(codes.numel(), dtype=dtype, device=codes.device)
-    _extension().dequantize(codes, scales, group_size, out)
+    _extension().dequantize(codes, scales, group_size, group_size if block_numel is None else block_numel, out)
     return out
 
 

@@ -2,9 +2,14 @@
 
 The op only reads and writes fp16, so values are converted to fp16 on the way in and the fp16 result is
 converted to the requested dtype on the way out (DeepSpeed PR #8215's behaviour). This detour loses range and
-precision for bf16/fp32; the native backends do not take it.
+precision for bf16/fp32; the native backends do not take it. The op only knows equal groups: layouts with a short
+last group (sizes where DeepSpeed's own heuristic asserts, see grouping.py) go to the native backend instead.
 """
+import warnings
+
 import torch
+
+_warned_layout = False
 
 
 def _op():
@@ -16,13 +21,28 @@ def _op():
     return CUDAQuantizer.quantizer_cuda_module
 
 
-def quantize(flat, groups):
+def _native(device):
+    """The backend ``auto`` picks for ``device``, warned about once."""
+    global _warned_layout
+    from . import resolve_backend
+    if not _warned_layout:
+        warnings.warn("deepspeed_zeropp: DeepSpeed's quantizer op only handles equal groups; sizes whose groups "
+                      "end in a shorter one (where DeepSpeed's own group heuristic fails) use the native backend")
+        _warned_layout = True
+    return resolve_backend("auto", device)
+
+
+def quantize(flat, groups, group_size=None):
+    if group_size is not None and groups * group_size != flat.numel():
+        return _native(flat.device).quantize(flat, groups, group_size)
     op = _op()
     codes, scales = op.quantize(flat.to(torch.float16), groups, 8, op.Symmetric)
     return codes.view(-1), scales.view(-1)
 
 
-def dequantize(codes, scales, group_size, dtype):
+def dequantize(codes, scales, group_size, dtype, block_numel=None):
+    if block_numel is not None:
+        return _native(codes.device).dequantize(codes, scales, group_size, dtype, block_numel)
     op = _op()
     numel, padded_numel = codes.numel(), scales.numel() * group_size
     whole = codes if numel == padded_numel else torch.cat([codes, codes.new_zeros(padded_numel - numel)])

@@ -3,6 +3,7 @@
 Every number follows DESIGN.md's formula literally so that the other backends can be tested against it:
 absmax per group in the input dtype, multiplier 128/absmax in fp32, codes rounded half-to-even and clamped
 to [-128, 127], stored scale 1/multiplier, dequantization in fp32 rounded once to the requested dtype.
+Group layouts: grouping.py.
 """
 import torch
 
@@ -10,24 +11,36 @@ from .. import qgz_wire
 from ..wire import multiplier_from_absmax
 
 
-def quantize(flat, groups):
-    """Quantize a flat contiguous tensor whose numel is a multiple of ``groups``. Returns (int8 codes, fp32 scales)."""
-    grouped = flat.view(groups, -1)
-    absmax = grouped.abs().amax(dim=1).float() if flat.numel() else torch.zeros(groups, device=flat.device)
+def quantize(flat, groups, group_size=None):
+    """Quantize a flat contiguous tensor in ``groups`` groups of ``group_size`` elements (default: equal groups), the
+    last one possibly short. Returns (int8 codes, fp32 scales)."""
+    numel = flat.numel()
+    group_size = numel // groups if group_size is None else group_size
+    if numel < groups * group_size:  # a short last group: zeros never raise an absmax, and their codes are dropped
+        flat = torch.cat([flat, flat.new_zeros(groups * group_size - numel)])
+    grouped = flat.view(groups, group_size)
+    absmax = grouped.abs().amax(dim=1).float() if group_size else torch.zeros(groups, device=flat.device)
     multiplier, stored_scale, finite = multiplier_from_absmax(absmax)
     scaled = grouped.float() * multiplier.unsqueeze(1)
     scaled = torch.where(finite.unsqueeze(1), scaled, torch.zeros_like(scaled))
     codes = scaled.round_().clamp_(-128, 127).to(torch.int8)
-    return codes.view(-1), stored_scale
+    return codes.view(-1)[:numel], stored_scale
 
 
-def dequantize(codes, scales, group_size, dtype):
-    """Dequantize ``codes`` (flat, numel <= len(scales) * group_size) with per-group ``scales`` into ``dtype``."""
+def dequantize(codes, scales, group_size, dtype, block_numel=None):
+    """Dequantize flat ``codes`` with per-group ``scales`` into ``dtype``. Groups of ``group_size``: element i is in
+    group i // group_size (codes may be a prefix of len(scales) * group_size); with ``block_numel`` n, the codes
+    are blocks of n elements, each in ceil(n / group_size) groups with a short last one: group
+    (i // n) * ceil(n / group_size) + (i % n) // group_size."""
     numel = codes.numel()
-    if numel == scales.numel() * group_size:
+    if block_numel is None and numel == scales.numel() * group_size:
         values = codes.view(scales.numel(), -1).float() * scales.unsqueeze(1)
     else:
-        group_of = torch.arange(numel, device=codes.device) // group_size
+        index = torch.arange(numel, device=codes.device)
+        if block_numel is None:
+            group_of = index // group_size
+        else:
+            group_of = (index // block_numel) * -(-block_numel // group_size) + (index % block_numel) // group_size
         values = codes.float() * scales[group_of]
     return values.view(-1).to(dtype)
 

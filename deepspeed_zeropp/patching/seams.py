@@ -2,8 +2,9 @@
 
 Gather sites share one mechanism: record each parameter's own dtype before the original method runs, publish a
 dequantize target for the call (the common dtype, or fp32 for a bucket mixing dtypes, so every value is rounded
-only once), and afterwards hand each parameter back in its own dtype. The original method body always runs, so
-other upstream fixes of the installed release are kept.
+only once, and the layout of the gathered codes: one quantized block per rank), and afterwards hand each
+parameter back in its own dtype. The original method body always runs, so other upstream fixes of the installed
+release are kept.
 """
 import contextlib
 
@@ -71,12 +72,12 @@ def replace_with(impl):
     return factory
 
 
-def dtype_scoped(params_of, quantized, group_size_of=lambda *a, **k: None):
+def dtype_scoped(params_of, quantized, layout_of=lambda *a, **k: {}):
     """Seam factory for gather sites: run the original under a dequantize target built from its parameters.
 
     ``params_of(*args, **kwargs)`` names the parameters the call hands back; ``quantized`` says whether the
-    call dequantizes at all (otherwise it runs untouched); ``group_size_of`` gives the group size when the
-    gathered codes are the prefix of a padded buffer."""
+    call dequantizes at all (otherwise it runs untouched); ``layout_of`` gives the gathered codes' layout as
+    ``dequant_target`` keywords (``block_numel`` or ``blocks``)."""
 
     def factory(original):
 
@@ -85,7 +86,7 @@ def dtype_scoped(params_of, quantized, group_size_of=lambda *a, **k: None):
                 return original(*args, **kwargs)
             params = list(params_of(*args, **kwargs))
             dtypes = [own_dtype(p) for p in params]
-            with dequant_target(_bucket_dtype(dtypes), group_size_of(*args, **kwargs)):
+            with dequant_target(_bucket_dtype(dtypes), **layout_of(*args, **kwargs)):
                 result = original(*args, **kwargs)
             _restore_dtypes(params, dtypes)
             return result
@@ -104,18 +105,22 @@ def _single_quantization(handle, *args, **kwargs):
     return getattr(handle, "_AllGatherHandle__quantization", None)
 
 
-def _single_group_size(handle, *args, **kwargs):
-    """The sequential path narrows the gathered buffer to ``ds_numel``; for a padded partition ``numel / groups``
-    is then not the group size (upstream maps scales to the wrong elements). The gathered buffer itself still
-    holds world_size x partition int8 elements, one byte each."""
-    quant = _single_quantization(handle)
-    groups = quant.scale_buffer.numel()
-    gathered = quant.quantized_param.untyped_storage().nbytes()
-    return gathered // groups if gathered % groups == 0 else None
+def _partition_numel(partition):
+    return getattr(partition, "ds_numel", partition.numel())
+
+
+def _single_layout(handle, *args, **kwargs):
+    """The sequential path narrows the gathered buffer to ``ds_numel``, so the per-rank blocks cannot be read off
+    the codes (upstream divides by the scale count: scales land on the wrong elements when the partition is
+    padded). Each rank quantized the partition it all-gathered: the hpZ secondary one where the parameter has it,
+    as upstream picks it."""
+    param = handle._AllGatherHandle__param
+    secondary = getattr(param, "ds_secondary_tensor", None)
+    return {"block_numel": _partition_numel(secondary if secondary is not None else param.ds_tensor)}
 
 
 SINGLE_GATHER = dtype_scoped(lambda handle, *a, **k: [handle._AllGatherHandle__param],
-                             lambda handle, *a, **k: _single_quantization(handle) is not None, _single_group_size)
+                             lambda handle, *a, **k: _single_quantization(handle) is not None, _single_layout)
 
 # --- AllGatherCoalescedHandle.wait: a bucket ------------------------------------------------------------------
 
@@ -125,14 +130,9 @@ def _bucket_partition(handle, param):
 
 
 def _stored_bucket_segments(handle):
-    """(groups, group size) runs of a gathered bucket of MixZ++ partitions: each partition was quantized on its
-    own, so group sizes change from one parameter to the next, and the run repeats for every rank."""
-    per_rank = []
-    for param in handle.params:
-        partition = _bucket_partition(handle, param)
-        groups = partition.ds_quant_scale.numel()
-        per_rank.append((groups, partition.numel() // groups))
-    return tuple(per_rank) * handle.world_size
+    """Quantized buffers of a gathered bucket of MixZ++ partitions: each partition was quantized on its own (its own
+    group layout), and the sequence repeats for every rank."""
+    return tuple(_partition_numel(_bucket_partition(handle, param)) for param in handle.params) * handle.world_size
 
 
 @contextlib.contextmanager
@@ -155,8 +155,9 @@ def _float_partition_views(params, dtypes):
 
 
 def BUCKET_GATHER(original):
-    """Seam factory for ``AllGatherCoalescedHandle.wait``: the common dequantize target of dtype_scoped, plus the
-    per-partition group layout and float views when the bucket holds stored MixZ++ codes."""
+    """Seam factory for ``AllGatherCoalescedHandle.wait``: the common dequantize target of dtype_scoped. Each rank
+    quantized the concatenation of its partitions of the bucket, one block per rank; a bucket of stored MixZ++ codes
+    instead has one block per partition and rank, and float views of those partitions."""
 
     def wrapper(handle, *args, **kwargs):
         if not getattr(handle, "quantization", None) or getattr(handle, "complete", False):
@@ -164,8 +165,8 @@ def BUCKET_GATHER(original):
         params = list(handle.params)
         dtypes = [own_dtype(p) for p in params]
         stored = stored_quantized(_bucket_partition(handle, params[0]))
-        segments = _stored_bucket_segments(handle) if stored else None
-        with dequant_target(_bucket_dtype(dtypes), segments=segments), _float_partition_views(params, dtypes):
+        layout = {"segments": _stored_bucket_segments(handle)} if stored else {"blocks": handle.world_size}
+        with dequant_target(_bucket_dtype(dtypes), **layout), _float_partition_views(params, dtypes):
             result = original(handle, *args, **kwargs)
         _restore_dtypes(params, dtypes)
         return result
@@ -184,13 +185,22 @@ NO_GATHER = dtype_scoped(lambda handle, param, *a, **k: [param],
                          lambda handle, param, *a, **k: stored_quantized(param.ds_tensor))
 NO_GATHER_COALESCED = dtype_scoped(lambda handle, params, *a, **k: list(params),
                                    lambda handle, params, *a, **k: _any_stored_quantized(params))
+
+
+def _init_layout(init, params, *args, **kwargs):
+    """Init's gathers dequantize each parameter's whole gathered buffer: one stored partition per rank of the
+    parameters' partition group (DeepSpeed groups the list by that group before calling)."""
+    return {"blocks": torch.distributed.get_world_size(group=init.get_partition_dp_group(params[0]))}
+
+
 # Init's coalesced gather is told by its caller whether the list is quantized; the sequential one dequantizes
 # exactly the parameters whose partitions are stored as MixZ++ codes.
 INIT_GATHER_COALESCED = dtype_scoped(
     lambda init, params, *a, **k: params,
-    lambda init, params, hierarchy=0, quantize=False: bool(quantize) and len(params) > 0)
+    lambda init, params, hierarchy=0, quantize=False: bool(quantize) and len(params) > 0,
+    _init_layout)
 INIT_GATHER_SEQUENTIAL = dtype_scoped(lambda init, params, *a, **k: params,
-                                      lambda init, params, *a, **k: _any_stored_quantized(params))
+                                      lambda init, params, *a, **k: _any_stored_quantized(params), _init_layout)
 
 
 def INIT_GATHER_SINGLE(original):

@@ -20,24 +20,27 @@ def bert(dtype, layers=4, hidden=256):
 
 
 class MixedLinear(torch.nn.Module):
-    """A trainable fp32 weight and a frozen bf16 gate in one module: ZeRO-3 fetches both in one coalesced
-    bucket, which the quantized path concatenates regardless of dtype. (DeepSpeed's optimizer wants one dtype
-    among trainable parameters, hence the frozen bf16 one.)"""
+    """A trainable fp32 weight and a frozen bf16 gate (with its frozen bias) in one module: ZeRO-3 fetches the
+    three in one coalesced bucket, which the quantized path concatenates regardless of dtype, and MixZ++ fetches
+    the two frozen ones in a bucket of stored codes. (DeepSpeed's optimizer wants one dtype among trainable
+    parameters, hence the frozen bf16 ones.)"""
 
     def __init__(self, width):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.randn(width, width) / width**0.5)
         self.gate = torch.nn.Parameter(torch.randn(width, width, dtype=torch.bfloat16) / width**0.5,
                                        requires_grad=False)
+        self.gate_bias = torch.nn.Parameter(torch.randn(width, dtype=torch.bfloat16) / width**0.5, requires_grad=False)
 
     def forward(self, x):
-        return x @ self.weight.t() + (x.to(self.gate.dtype) @ self.gate.t()).to(x.dtype)
+        return x @ self.weight.t() + (x.to(self.gate.dtype) @ self.gate.t() + self.gate_bias).to(x.dtype)
 
 
 class MixedMLP(torch.nn.Module):
-    """Odd sizes on purpose (97 x 97, a head of 3): their partitions at 2 ranks are padded."""
+    """Odd sizes on purpose: at 2 ranks the 131 x 131 weights (and the head) have padded partitions, and such a
+    partition (8581 elements) is prime and larger than one quantization group, so its groups end in a shorter one."""
 
-    def __init__(self, width=97):
+    def __init__(self, width=131):
         super().__init__()
         self.embed = torch.nn.Embedding(VOCAB, width)
         self.mixed = MixedLinear(width)

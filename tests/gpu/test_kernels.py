@@ -11,6 +11,7 @@ if not torch.cuda.is_available():
 from deepspeed_zeropp import ops  # noqa: E402
 from deepspeed_zeropp.backends import cuda as cuda_backend  # noqa: E402
 from deepspeed_zeropp.backends import torch_ref  # noqa: E402
+from deepspeed_zeropp.grouping import group_layout  # noqa: E402
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DTYPE_IDS = ("fp16", "bf16", "fp32")
@@ -144,6 +145,83 @@ def test_dequantize_prefix_of_padded_buffer(out_dtype, numel, group_size):
     shifted = codes[1:numel]
     out = ops.dequantize(shifted, scales, dtype=out_dtype, group_size=group_size, backend="cuda")
     assert_bitwise(out, torch_ref.dequantize(shifted.cpu(), scales.cpu(), group_size, out_dtype))
+
+
+# Layouts with a short last group (grouping.py): sizes where DeepSpeed's heuristic fails (primes, odd sizes), and
+# explicit (numel, groups, group_size) with group sizes that are no multiple of the 16-byte packet.
+SHORT_LAST = [(n, *group_layout(n)) for n in (8001, 8581, 16004, 24001, 1000003, 4000001)]
+SHORT_LAST += [(200, 4, 61), (61, 4, 16), (17, 2, 9), (9, 5, 2), (100, 2, 99)]
+
+
+@pytest.mark.parametrize("numel,groups,group_size", SHORT_LAST, ids=[f"{n}={g}x{e}" for n, g, e in SHORT_LAST])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_quantize_short_last_group_matches_reference(dtype, numel, groups, group_size):
+    assert (groups - 1) * group_size < numel <= groups * group_size
+    x = random_groups(numel, 1, dtype, seed=numel)
+    codes, scales = cuda_backend.quantize(x, groups, group_size)
+    ref_codes, ref_scales = torch_ref.quantize(x.cpu(), groups, group_size)
+    assert codes.shape == (numel, ) and scales.shape == (groups, )
+    assert_bitwise(codes, ref_codes)
+    assert_bitwise(scales, ref_scales)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_quantize_short_last_group_unaligned_through_ops(dtype):
+    """The element-wise kernel (input 2 or 4 bytes past a 16-byte boundary) on the wire layout of a prime size."""
+    base = random_groups(1000003 + 1, 1, dtype, seed=23)
+    x = base[1:]
+    codes, scales = ops.quantize(x, backend="cuda")
+    ref_codes, ref_scales = ops.quantize(x.cpu(), backend="torch")
+    assert scales.numel() == group_layout(1000003).groups
+    assert_bitwise(codes, ref_codes)
+    assert_bitwise(scales, ref_scales)
+
+
+# (block numel, group size) of gathered per-rank blocks: the wire layouts of prime and odd sizes, small groups that
+# end several times inside one 16-byte packet, and a group size larger than the block (one group per block).
+BLOCKS = [(n, group_layout(n).group_size) for n in (8001, 8581, 24001, 1000003)]
+BLOCKS += [(3, 2), (7, 3), (13, 4), (17, 16), (61, 8), (5, 8)]
+
+
+@pytest.mark.parametrize("block_numel,group_size", BLOCKS, ids=[f"{n}by{e}" for n, e in BLOCKS])
+@pytest.mark.parametrize("out_dtype", DTYPES, ids=DTYPE_IDS)
+def test_dequantize_gathered_blocks_match_reference(out_dtype, block_numel, group_size):
+    """k blocks of n elements, each quantized on its own with a short last group: element i is in group
+    (i // n) * G + (i % n) // E. Whole buffers, prefixes (the sequential gather narrows to the parameter) and
+    codes one byte past a 16-byte boundary (the element-wise kernel)."""
+    groups = -(-block_numel // group_size)
+    for blocks in (1, 2, 3, 5):
+        parts = [random_groups(block_numel, 1, torch.float32, seed=17 * blocks + b) for b in range(blocks)]
+        quantized = [cuda_backend.quantize(part, groups, group_size) for part in parts]
+        codes = torch.cat([c for c, _ in quantized])
+        scales = torch.cat([s for _, s in quantized])
+        for numel in {codes.numel(), codes.numel() - 1, codes.numel() - block_numel // 2, 1}:
+            prefix = codes[:numel]
+            out = cuda_backend.dequantize(prefix, scales, group_size, out_dtype, block_numel)
+            expected = torch_ref.dequantize(prefix.cpu(), scales.cpu(), group_size, out_dtype, block_numel)
+            assert out.dtype == out_dtype
+            assert_bitwise(out, expected)
+        shifted = torch.cat([codes.new_zeros(1), codes])[1:]  # same values, one byte off the allocation's alignment
+        out = cuda_backend.dequantize(shifted, scales, group_size, out_dtype, block_numel)
+        assert_bitwise(out, torch_ref.dequantize(codes.cpu(), scales.cpu(), group_size, out_dtype, block_numel))
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES, ids=DTYPE_IDS)
+def test_gathered_prime_partitions_through_ops(out_dtype):
+    """What ZeRO-3 hands the quantizer for a prime partition at 4 ranks: ops on CUDA equals ops in pure torch."""
+    block_numel = 8581
+    parts = [random_groups(block_numel, 1, torch.bfloat16, seed=29 + rank) for rank in range(4)]
+    quantized = [ops.quantize(part, backend="cuda") for part in parts]
+    codes = torch.cat([c for c, _ in quantized])
+    scales = torch.cat([s for _, s in quantized])
+    for numel in (codes.numel(), 4 * block_numel - 3):
+        out = ops.dequantize(codes[:numel], scales, dtype=out_dtype, block_numel=block_numel, backend="cuda")
+        expected = ops.dequantize(codes[:numel].cpu(),
+                                  scales.cpu(),
+                                  dtype=out_dtype,
+                                  block_numel=block_numel,
+                                  backend="torch")
+        assert_bitwise(out, expected)
 
 
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32), ids=("bf16", "fp32"))

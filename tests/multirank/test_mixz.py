@@ -5,6 +5,7 @@ garbage cannot hide behind a loss. Each defect fix also has a run with its site 
 """
 import pytest
 
+from deepspeed_zeropp.grouping import group_layout
 from deepspeed_zeropp.training.launch import run_job
 from tests.multirank.test_training import assert_trained_like_baseline, has_sequential_flag
 
@@ -75,11 +76,23 @@ def test_bucket_fix_is_needed(frozen_bert):
     assert "error" in run or run["value_errors"] or run["dtype_errors"], run
 
 
-def test_padded_partitions_sequential_and_coalesced():
-    """Any partition size: odd-sized parameters (97x97, 3x97, 3) at 2 ranks have padded partitions. Upstream
+def test_padded_and_prime_partitions_sequential_and_coalesced():
+    """Any partition size: odd-sized parameters (131 x 131, 3 x 131, 3) at 2 ranks have padded partitions. Upstream
     leaves that padding uninitialised (qwZ then quantizes it with real values) and, in the sequential gather,
-    maps scales to the wrong elements (defect 5)."""
-    runs = [{"name": "baseline"}, {"name": "qwz", "quantized": True}, {"name": "mixz", "quantized_nontrainable": True}]
+    maps scales to the wrong elements (defect 5). The 131 x 131 partitions hold 8581 elements, a prime: quantized
+    in groups with a shorter last one, per rank, through the single-parameter gather (sequential), the bucket gather
+    (weight and frozen gate together), MixZ++'s bucket of stored partitions and Init's gather (GatheredParameters)."""
+    assert not group_layout(8581).covers_exactly(8581)
+    runs = [{
+        "name": "baseline"
+    }, {
+        "name": "qwz",
+        "quantized": True
+    }, {
+        "name": "mixz",
+        "quantized_nontrainable": True,
+        "gathered_check": True
+    }]
     if has_sequential_flag():
         runs += [{
             "name": "qwz_sequential",
@@ -104,13 +117,13 @@ def test_padded_partitions_sequential_and_coalesced():
             "exclude_sites": ["AllGatherHandle.wait"]
         })
     result = job(runs, model="mixed", dtype="fp32", frozen=[], steps=3)
-    for run in runs[1:]:
-        if not run["name"].startswith("without_"):
-            assert_clean(result["runs"][run["name"]])
+    assert_trained_like_baseline(result, "qwz", "quantized_bucket_gathers", steps=3)
+    assert_trained_like_baseline(result, "mixz", "quantized_bucket_gathers", steps=3, quantize_calls=False)
     if has_sequential_flag():
+        assert_trained_like_baseline(result, "qwz_sequential", "quantized_single_gathers", steps=3)
+        assert_trained_like_baseline(result, "mixz_sequential", "quantized_single_gathers", steps=3)
         unfixed = result["runs"]["without_sequential_fix"]
         assert "error" in unfixed or unfixed["value_errors"] or unfixed["dtype_errors"], unfixed
-    assert_trained_like_baseline(result, "qwz", "quantized_bucket_gathers", steps=3)
     assert result["runs"]["without_padding_fix"]["value_errors"]
 
 

@@ -1,8 +1,12 @@
-"""Group counts: identical to DeepSpeed's own heuristic wherever it succeeds, a divisor of numel elsewhere."""
+"""Group layouts: DeepSpeed's own groups wherever its heuristic succeeds, bounded groups with a short last one
+elsewhere, for every numel."""
+import math
+
 import pytest
 import torch
+from hypothesis import example, given, settings, strategies as st
 
-from deepspeed_zeropp.grouping import group_count
+from deepspeed_zeropp.grouping import MAX_GROUP_SIZE, TARGET_GROUP_SIZE, Layout, group_layout
 
 
 class RecordingOp:
@@ -14,18 +18,31 @@ class RecordingOp:
         return x, None
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def upstream_groups():
+    """DeepSpeed's group count for a numel, or None where DeepSpeed asserts."""
     from deepspeed.runtime.zero.partition_parameters import CUDAQuantizer
     quantizer = CUDAQuantizer.__new__(CUDAQuantizer)
     quantizer.quantizer_cuda_module = RecordingOp()
     quantizer.group_size_cache = {}
 
     def groups(numel):
-        CUDAQuantizer.quantize(quantizer, torch.zeros(numel, dtype=torch.float16))
+        if numel % 8 != 0:  # DeepSpeed asserts numel % (8 * groups) == 0 (after a loop of up to numel steps)
+            return None
+        try:
+            CUDAQuantizer.quantize(quantizer, torch.empty(numel, dtype=torch.float16))
+        except AssertionError:
+            return None
         return quantizer.quantizer_cuda_module.groups
 
     return groups
+
+
+def assert_bounded(numel, layout):
+    """groups = ceil(numel / E), every group within DeepSpeed's bound, the last one holding 1..E elements."""
+    groups, size = layout
+    assert 1 <= size <= MAX_GROUP_SIZE and groups == math.ceil(numel / size)
+    assert 1 <= numel - (groups - 1) * size <= size
 
 
 SIZES = [
@@ -36,27 +53,45 @@ SIZES = [
 
 @pytest.mark.parametrize("numel", SIZES)
 def test_same_as_upstream_where_upstream_succeeds(upstream_groups, numel):
-    assert group_count(numel) == upstream_groups(numel)
+    assert group_layout(numel) == (upstream_groups(numel), numel // upstream_groups(numel))
 
 
-@pytest.mark.parametrize("numel", [1, 2, 7, 257, 514, 1000003, 16411, 640 * 257 + 1])
-def test_divisor_where_upstream_asserts(upstream_groups, numel):
-    with pytest.raises(AssertionError):
-        upstream_groups(numel)
-    groups = group_count(numel)
-    assert numel % groups == 0 and groups >= 1
+@settings(max_examples=300, deadline=None)
+@given(exponent=st.floats(0, 7), offset=st.integers(0, 64), factor=st.sampled_from([1, 8, 64, 1024]))
+@example(exponent=6.0, offset=3, factor=1)  # 1,000,003: a prime
+def test_property_upstream_groups_kept_else_bounded(upstream_groups, exponent, offset, factor):
+    """Log-uniform sizes up to ~10^7, many of them multiples of 8 (the only sizes DeepSpeed can group): DeepSpeed's
+    exact groups where it succeeds, bounded groups elsewhere."""
+    numel = max(1, int(10**exponent / factor) + offset) * factor
+    layout = group_layout(numel)
+    assert_bounded(numel, layout)
+    upstream = upstream_groups(numel)
+    if upstream is not None:
+        assert layout == (upstream, numel // upstream) and layout.covers_exactly(numel)
+    else:
+        assert layout.group_size <= TARGET_GROUP_SIZE
 
 
-def test_prime_gets_one_group():
-    assert group_count(1000003) == 1 and group_count(7) == 1
+@pytest.mark.parametrize("numel", [1, 2, 7, 257, 514, 1000003, 16411, 640 * 257 + 1, 8001, 10**7 - 1])
+def test_bounded_where_upstream_asserts(upstream_groups, numel):
+    assert upstream_groups(numel) is None
+    assert_bounded(numel, group_layout(numel))
 
 
-def test_groups_stay_near_target_size():
-    assert all(numel // group_count(numel) <= 8000 for numel in [640 * 257, 257 * 1024, 514 * 100])
+def test_prime_gets_bounded_groups_with_a_short_last_one():
+    """A prime numel cannot be cut into equal groups; it gets groups of at most the target size, the last one
+    shorter, all aligned to 16 elements."""
+    assert group_layout(1000003) == Layout(126, 7952)
+    assert 1000003 - 125 * 7952 == 6003
+    assert group_layout(7) == Layout(1, 7) and group_layout(257) == Layout(1, 257)  # up to 8000: one group
+
+
+def test_empty_is_one_empty_group():
+    assert group_layout(0) == Layout(1, 0)
 
 
 def test_bad_numel():
     with pytest.raises(ValueError, match="non-negative int"):
-        group_count(-1)
+        group_layout(-1)
     with pytest.raises(ValueError, match="non-negative int"):
-        group_count(2.0)
+        group_layout(2.0)

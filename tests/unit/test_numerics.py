@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from deepspeed_zeropp import ops
-from deepspeed_zeropp.grouping import group_count
+from deepspeed_zeropp.grouping import MAX_GROUP_SIZE, group_layout
 from tests import naive
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
@@ -20,22 +20,23 @@ def assert_bitwise_equal(actual, expected):
 
 
 def check_against_naive(x, groups=None):
-    groups = groups or group_count(x.numel())
+    """Exact codes, scales and dequantized values; ``groups`` None: the wire layout of x's numel."""
+    groups, group_size = group_layout(x.numel()) if groups is None else (groups, None)
     codes, scales = ops.quantize(x, groups, backend="torch")
-    ref_codes, ref_scales = naive.quantize(x, groups)
+    ref_codes, ref_scales = naive.quantize(x, groups, group_size)
     assert_bitwise_equal(codes, ref_codes)
     assert torch.equal(scales.isnan(), ref_scales.isnan())
     assert torch.equal(scales.nan_to_num(), ref_scales.nan_to_num())
     for out_dtype in DTYPES:
         out = ops.dequantize(codes, scales, dtype=out_dtype, backend="torch")
-        ref = naive.dequantize(ref_codes, ref_scales, out_dtype)
+        ref = naive.dequantize(ref_codes, ref_scales, out_dtype, group_size)
         assert out.dtype == out_dtype
         assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.nan_to_num(), ref.nan_to_num())
     return codes, scales
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
-@pytest.mark.parametrize("numel", [1, 7, 8, 257, 514, 8000, 16001, 24000, 65537])
+@pytest.mark.parametrize("numel", [1, 7, 8, 257, 514, 8000, 8001, 16001, 24000, 65537])
 def test_random_matches_naive(dtype, numel):
     torch.manual_seed(numel)
     check_against_naive(torch.randn(numel).to(dtype))
@@ -60,7 +61,7 @@ def test_dequantize_defaults_to_fp16_and_honours_dtype():
 def test_scales_are_one_dimensional_fp32():
     codes, scales = ops.quantize(torch.randn(3, 5000, dtype=torch.bfloat16))
     assert codes.dtype == torch.int8 and codes.shape == (3, 5000)
-    assert scales.dtype == torch.float32 and scales.dim() == 1 and scales.numel() == group_count(15000)
+    assert scales.dtype == torch.float32 and scales.dim() == 1 and scales.numel() == group_layout(15000).groups
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
@@ -150,14 +151,91 @@ def test_property_formula_and_bound(dtype, groups, group_size, magnitude, signs,
 
 
 def test_dequantize_segments_of_separately_quantized_partitions():
-    """A MixZ++ bucket: partitions quantized one by one (different group sizes), concatenated, twice (2 ranks)."""
-    parts = [torch.randn(n, dtype=torch.bfloat16) for n in (514, 8192, 16000, 7)]
+    """A MixZ++ bucket: partitions quantized one by one (different layouts, some with a short last group),
+    concatenated, twice (2 ranks)."""
+    parts = [torch.randn(n, dtype=torch.bfloat16) for n in (514, 8192, 16000, 7, 16001, 16001, 0, 24000)]
     quantized = [ops.quantize(p) for p in parts]
     codes = torch.cat([c for c, _ in quantized] * 2)
     scales = torch.cat([s for _, s in quantized] * 2)
-    segments = [(s.numel(), c.numel() // s.numel()) for c, s in quantized] * 2
+    segments = [p.numel() for p in parts] * 2
     out = ops.dequantize_segments(codes, scales, segments, dtype=torch.bfloat16)
     expected = torch.cat([ops.dequantize(c, s, dtype=torch.bfloat16) for c, s in quantized] * 2)
     assert out.dtype == torch.bfloat16 and torch.equal(out, expected)
     with pytest.raises(ValueError, match="do not cover"):
         ops.dequantize_segments(codes, scales, segments[:-1], dtype=torch.bfloat16)
+
+
+def with_outliers(numel, dtype, outliers, magnitude, seed):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(numel, generator=generator, dtype=torch.float64)
+    where = torch.randint(0, numel, (outliers, ), generator=generator)
+    x[where] = magnitude * torch.where(torch.rand(outliers, generator=generator) < 0.5, -1.0, 1.0).double()
+    return x.to(dtype)
+
+
+def assert_group_bound(x, out, groups, group_size):
+    """Per group of the layout, in float64: an int8 step of the group's own absmax, plus the dtype's rounding."""
+    pad = groups * group_size - x.numel()
+    x64 = torch.nn.functional.pad(x.double(), (0, pad)).view(groups, group_size)
+    out64 = torch.nn.functional.pad(out.double(), (0, pad)).view(groups, group_size)
+    absmax = x64.abs().amax(dim=1, keepdim=True)
+    bound = absmax / 128 * (1 + 1e-6) + x64.abs() * torch.finfo(x.dtype).eps + 2 * torch.finfo(x.dtype).tiny
+    assert ((out64 - x64).abs() <= bound).all(), (out64 - x64).abs().max().item()
+
+
+@settings(max_examples=40, deadline=None)
+@given(numel=st.integers(1, 7).flatmap(lambda digits: st.integers(10**(digits - 1), 10**digits)),
+       dtype=st.sampled_from(DTYPES),
+       outliers=st.integers(0, 5),
+       magnitude=st.sampled_from([20.0, 200.0, 6e4]),
+       seed=st.integers(0, 2**31 - 1))
+@example(numel=1000003, dtype=torch.float32, outliers=1, magnitude=200.0, seed=0)
+@example(numel=10**7 - 1, dtype=torch.bfloat16, outliers=5, magnitude=6e4, seed=1)
+def test_property_any_size_bounded_groups_and_error(numel, dtype, outliers, magnitude, seed):
+    """Sizes from 1 to 10^7 (as many of each number of digits) with a few outliers: groups of at most 16,000
+    elements, exact agreement with the naive reference in the same layout, each group's error within a step of
+    its own absmax."""
+    x = with_outliers(numel, dtype, min(outliers, numel), magnitude, seed)
+    groups, group_size = group_layout(numel)
+    assert group_size <= MAX_GROUP_SIZE and (groups - 1) * group_size < numel <= groups * group_size
+    codes, scales = ops.quantize(x, backend="torch")
+    ref_codes, ref_scales = naive.quantize(x, groups, group_size)
+    assert torch.equal(codes, ref_codes) and torch.equal(scales, ref_scales)
+    out = ops.dequantize(codes, scales, dtype=dtype, backend="torch")
+    assert torch.equal(out, naive.dequantize(ref_codes, ref_scales, dtype, group_size))
+    assert_group_bound(x, out, groups, group_size)
+
+
+def test_prime_size_with_an_outlier_keeps_its_accuracy():
+    """1,000,003 elements (prime) and one outlier of 200: one group of the whole tensor would flush most values to
+    0 (56.6% of them, 44% RMS error); bounded groups confine the outlier to its own group."""
+    x = torch.randn(1000003, generator=torch.Generator().manual_seed(0), dtype=torch.float32)
+    x[123457] = 200.0
+    codes, scales = ops.quantize(x, backend="torch")
+    out = ops.dequantize(codes, scales, dtype=torch.float32, backend="torch")
+    assert scales.numel() == group_layout(1000003).groups > 100
+    assert (x.numel() + scales.numel() - 1) // scales.numel() <= MAX_GROUP_SIZE
+    rms_error = ((out - x).pow(2).mean() / x.pow(2).mean()).sqrt().item()
+    assert rms_error < 0.05, rms_error  # the outlier's own group of ~8000 values loses them
+    assert (out == 0).float().mean().item() < 0.02
+
+
+@pytest.mark.parametrize("block_numel", [257, 16001, 1000003, 24000])
+@pytest.mark.parametrize("blocks", [1, 2, 3])
+def test_gathered_blocks_each_with_its_own_short_last_group(blocks, block_numel):
+    """ZeRO-3 all-gathers one block per rank, each quantized on its own (a short last group each): element i is in
+    group (i // n) * G + (i % n) // E. The gathered buffer, and its prefix (the sequential path narrows it to the
+    parameter's numel), dequantize as the blocks would one by one."""
+    parts = [with_outliers(block_numel, torch.bfloat16, 3, 200.0, seed) for seed in range(blocks)]
+    quantized = [ops.quantize(p, backend="torch") for p in parts]
+    codes = torch.cat([c for c, _ in quantized])
+    scales = torch.cat([s for _, s in quantized])
+    expected = torch.cat([ops.dequantize(c, s, dtype=torch.bfloat16, backend="torch") for c, s in quantized])
+    groups, group_size = group_layout(block_numel)
+    for numel in (codes.numel(), codes.numel() - block_numel // 2):
+        out = ops.dequantize(codes[:numel], scales, dtype=torch.bfloat16, block_numel=block_numel, backend="torch")
+        assert torch.equal(out, expected[:numel])
+        reference = naive.dequantize(codes[:numel], scales, torch.bfloat16, group_size, block_numel)
+        assert torch.equal(out, reference)
+    with pytest.raises(ValueError, match="not blocks of"):
+        ops.dequantize(torch.cat([codes, codes[:1]]), scales, block_numel=block_numel, backend="torch")
