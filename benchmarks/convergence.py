@@ -10,6 +10,9 @@ step times then mean nothing, only losses are compared).
     python benchmarks/convergence.py [--steps 500] [--dtypes bf16 fp16] [--parallel] [--out DIR] [--commit SHA]
     python benchmarks/convergence.py --device cpu --dtypes bf16 --steps 3 --out /tmp/conv   # smoke test
 
+``--loco`` adds "ours qwZ+qgZ+LoCo" (``zeropp_loco_param``): it needs a DeepSpeed with LoCo, 0.16.2 to 0.19.7
+(0.19.8 rejects the key).
+
 Writes convergence.{json,md,png} into --out (default benchmarks/results).
 """
 import argparse
@@ -36,6 +39,14 @@ CONFIGS = (  # (name, patched, run options)
         "quantized_gradients": True
     }),
 )
+LOCO_CONFIG = ("ours qwZ+qgZ+LoCo", True, {
+    "quantized": True,
+    "quantized_gradients": True,
+    "loco": {
+        "err_beta": 0.8,
+        "reset_T": 1024
+    }
+})
 
 
 def job(dtype, patched, runs, steps, lr, device):
@@ -44,12 +55,12 @@ def job(dtype, patched, runs, steps, lr, device):
     return run_job(spec, world_size=2, device=device, timeout=3000, local_size=1)
 
 
-def run_all(dtypes, steps, lr, parallel, device):
+def run_all(dtypes, steps, lr, parallel, device, configs=CONFIGS):
     """{dtype: {config name: run result}}: patched configs share one job per dtype, upstream gets its own."""
     plan = []
     for dtype in dtypes:
         for patched in (True, False):
-            runs = [(name, options) for name, p, options in CONFIGS if p == patched]
+            runs = [(name, options) for name, p, options in configs if p == patched]
             plan.append((dtype, patched, runs))
     results = {dtype: {} for dtype in dtypes}
     meta = {}
@@ -73,12 +84,12 @@ def run_all(dtypes, steps, lr, parallel, device):
     return results, meta
 
 
-def summary(results):
+def summary(results, configs=CONFIGS):
     rows = []
     for dtype, runs in results.items():
         base = runs.get("unquantized", {})
         base_tail = statistics.fmean(base["losses"][-TAIL:]) if "losses" in base else None
-        for name, _, _ in CONFIGS:
+        for name, _, _ in configs:
             run = runs.get(name, {})
             if "losses" not in run:
                 rows.append(dict(dtype=dtype, config=name, error=run.get("error", "not run")[:300]))
@@ -154,12 +165,14 @@ def main():
     parser.add_argument("--device", default="cuda-isolated", help="cpu for a smoke test (2 ranks as 2 nodes, gloo)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     parser.add_argument("--commit", default=None, help="the commit measured (default: git rev-parse HEAD)")
+    parser.add_argument("--loco", action="store_true", help="add ours with LoCo (DeepSpeed 0.16.2 to 0.19.7)")
     args = parser.parse_args()
+    configs = CONFIGS + (LOCO_CONFIG, ) if args.loco else CONFIGS
     commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                            text=True).stdout.strip() or "unknown"
     from deepspeed_zeropp.training.models import corpus
-    results, meta = run_all(args.dtypes, args.steps, args.lr, args.parallel, args.device)
-    rows = summary(results)
+    results, meta = run_all(args.dtypes, args.steps, args.lr, args.parallel, args.device, configs)
+    rows = summary(results, configs)
     args.out.mkdir(parents=True, exist_ok=True)
     record = dict(meta, commit=commit, steps=args.steps, lr=args.lr, corpus_bytes=corpus()[0].numel(), summary=rows)
     record["runs"] = {

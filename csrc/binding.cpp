@@ -165,6 +165,75 @@ at::Tensor qgz_reduce_encode(const at::Tensor& blocks, int64_t rows, int64_t pad
     return out;
 }
 
+// LoCo's fp32 error buffer: flat, contiguous, on the same device, one value per encoded value, 16-byte aligned.
+void check_qgz_error(const at::Tensor& error, const at::Device& device, int64_t values)
+{
+    check_flat_cuda(error, "error");
+    require(error.scalar_type() == at::kFloat, "error must be float32, got ", error.scalar_type());
+    require(error.device() == device, "error and the input on different devices");
+    require(error.numel() == values, "error holds ", error.numel(), " values, expected ", values);
+    require(reinterpret_cast<uintptr_t>(error.data_ptr()) % 16 == 0, "error must be 16-byte aligned");
+}
+
+at::Tensor qgz_encode_feedback(const at::Tensor& input,
+                               at::Tensor& error,
+                               double beta,
+                               double keep,
+                               int64_t destinations,
+                               int64_t rows,
+                               int64_t chunk,
+                               int64_t padded_chunk)
+{
+    check_flat_cuda(input, "input");
+    const dszpp::Format format = format_of(input.scalar_type(), "input");
+    check_qgz_geometry(rows, padded_chunk);
+    require(destinations >= 1 && destinations <= INT32_MAX, "destinations must be in [1, 2^31)");
+    require(chunk >= 0 && chunk <= padded_chunk, "chunk must be in [0, padded_chunk]");
+    require(destinations * rows * chunk >= input.numel(), "destinations * rows chunks do not cover the input");
+    check_qgz_error(error, input.device(), destinations * rows * padded_chunk);
+    const c10::cuda::CUDAGuard device_guard(input.device());
+    at::Tensor out = at::empty({destinations, qgz_block_bytes(rows, padded_chunk)}, input.options().dtype(at::kByte));
+    dszpp::launch_qgz_encode_feedback(format,
+                                      input.data_ptr(),
+                                      input.numel(),
+                                      chunk,
+                                      padded_chunk,
+                                      static_cast<int>(destinations),
+                                      static_cast<int>(rows),
+                                      error.data_ptr<float>(),
+                                      static_cast<float>(beta),
+                                      static_cast<float>(keep),
+                                      out.data_ptr<uint8_t>(),
+                                      c10::cuda::getCurrentCUDAStream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return out;
+}
+
+at::Tensor qgz_reduce_encode_feedback(const at::Tensor& blocks,
+                                      at::Tensor& error,
+                                      double beta,
+                                      double keep,
+                                      int64_t rows,
+                                      int64_t padded_chunk)
+{
+    check_qgz_geometry(rows, padded_chunk);
+    const int sources = check_qgz_blocks(blocks, rows, padded_chunk);
+    check_qgz_error(error, blocks.device(), rows * padded_chunk);
+    const c10::cuda::CUDAGuard device_guard(blocks.device());
+    at::Tensor out = at::empty({rows, qgz_block_bytes(1, padded_chunk)}, blocks.options());
+    dszpp::launch_qgz_reduce_encode_feedback(blocks.data_ptr<uint8_t>(),
+                                             sources,
+                                             static_cast<int>(rows),
+                                             padded_chunk,
+                                             error.data_ptr<float>(),
+                                             static_cast<float>(beta),
+                                             static_cast<float>(keep),
+                                             out.data_ptr<uint8_t>(),
+                                             c10::cuda::getCurrentCUDAStream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return out;
+}
+
 // Writes into `out` (allocated by the caller in the gradient's dtype, numel <= padded_chunk).
 void qgz_decode_sum(const at::Tensor& blocks, int64_t padded_chunk, double factor, at::Tensor& out)
 {
@@ -195,5 +264,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.def("dequantize", &dequantize, "codes, scales, group_size, block_numel, out: out[i] = codes[i] * scale of i");
     m.def("qgz_encode", &qgz_encode, "qgZ: gradient, destinations, rows, chunk, padded_chunk -> uint8 blocks");
     m.def("qgz_reduce_encode", &qgz_reduce_encode, "qgZ: blocks, rows, padded_chunk -> summed, re-encoded blocks");
+    m.def("qgz_encode_feedback",
+          &qgz_encode_feedback,
+          "LoCo: gradient, error, beta, 1 - beta, destinations, rows, chunk, padded_chunk -> blocks; error updated");
+    m.def("qgz_reduce_encode_feedback",
+          &qgz_reduce_encode_feedback,
+          "LoCo: blocks, error, beta, 1 - beta, rows, padded_chunk -> re-encoded blocks; error updated");
     m.def("qgz_decode_sum", &qgz_decode_sum, "qgZ: blocks, padded_chunk, factor, out: out = sum * factor");
 }

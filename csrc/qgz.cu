@@ -293,6 +293,120 @@ __global__ void __launch_bounds__(kWarps * 32) decode_sum_kernel(const uint8_t* 
     }
 }
 
+// LoCo error feedback (qgz_wire.Feedback) on a lane's 8 fp32 inputs x of one group: v = x + e, with e the lane's 8
+// errors at `error` (16-byte aligned); v is quantized, and the errors become (beta * e) + (keep * (v - decoded v)),
+// or 0 in a non-finite group. The same fp32 operations in the same order as qgz_wire._quantize_with_feedback.
+__device__ __forceinline__ void quantize_with_feedback(const float (&x)[kPerLane],
+                                                       float* __restrict__ error,
+                                                       float beta,
+                                                       float keep,
+                                                       uint32_t& word,
+                                                       float& scale)
+{
+    float4* errors = reinterpret_cast<float4*>(error);
+    const float4 low = errors[0], high = errors[1];
+    const float e[kPerLane] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
+    float v[kPerLane];
+    uint32_t raw[1][kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+        v[i] = __fadd_rn(x[i], e[i]);
+        raw[0][i] = __float_as_uint(v[i]);
+    }
+    uint32_t words[1];
+    float scales[1];
+    quantize_groups<FloatFormat, 1>(raw, words, scales);
+    const bool finite = scales[0] == scales[0];  // quantize_groups stores NaN for a non-finite group
+    float updated[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+        const int code = static_cast<int32_t>(words[0] << (28 - 4 * i)) >> 28;  // sign-extends nibble i
+        const float decoded = __fmul_rn(__fmul_rn(static_cast<float>(code), kStep), scales[0]);
+        const float carried = __fmul_rn(beta, e[i]);
+        const float fresh = __fmul_rn(keep, __fsub_rn(v[i], decoded));
+        updated[i] = finite ? __fadd_rn(carried, fresh) : 0.f;
+    }
+    errors[0] = make_float4(updated[0], updated[1], updated[2], updated[3]);
+    errors[1] = make_float4(updated[4], updated[5], updated[6], updated[7]);
+    word = words[0];
+    scale = scales[0];
+}
+
+// encode_kernel with error feedback, one group per warp (groups ordered by destination, row, group, which is also the
+// order of the error buffer's values). Not tuned like encode_kernel: LoCo also reads and writes 8 bytes of error per
+// value, so it moves several times the bytes of plain qgZ anyway.
+template <typename Fmt>
+__global__ void __launch_bounds__(kWarps * 32) encode_feedback_kernel(const typename Fmt::Bits* __restrict__ input,
+                                                                      int64_t numel,
+                                                                      int64_t chunk,
+                                                                      int64_t padded_chunk,
+                                                                      int destinations,
+                                                                      int rows,
+                                                                      float* __restrict__ error,
+                                                                      float beta,
+                                                                      float keep,
+                                                                      uint8_t* __restrict__ out,
+                                                                      int64_t block_bytes,
+                                                                      int64_t total_groups)
+{
+    using Bits = typename Fmt::Bits;
+    const Warp warp = this_warp();
+    if (warp.index >= total_groups) return;
+    const uint32_t groups_per_row = static_cast<uint32_t>(padded_chunk / kGroup);  // 32-bit: see encode_kernel
+    const uint32_t row_index = static_cast<uint32_t>(warp.index) / groups_per_row;
+    const uint32_t group = static_cast<uint32_t>(warp.index) - row_index * groups_per_row;
+    const uint32_t destination = row_index / rows;
+    const uint32_t row = row_index - destination * rows;
+    const int64_t column = static_cast<int64_t>(group) * kGroup + warp.lane * kPerLane;               // within the chunk
+    const int64_t first = (static_cast<int64_t>(row) * destinations + destination) * chunk + column;  // gradient
+    const Bits* at = input + first;
+    float x[kPerLane];
+    if (column + kPerLane <= chunk && first + kPerLane <= numel && reinterpret_cast<uintptr_t>(at) % 16 == 0) {
+        uint32_t raw[kWordsPerLane<Fmt>];
+        load_lane<Fmt>(at, raw);
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) x[i] = lane_value<Fmt>(raw, i);
+    } else {  // the chunk's padding, the gradient's end, or a start that is not 16-byte aligned
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) x[i] = column + i < chunk && first + i < numel ? Fmt::to_float(at[i]) : 0.f;
+    }
+    uint32_t word;
+    float scale;
+    quantize_with_feedback(x, error + warp.index * kGroup + warp.lane * kPerLane, beta, keep, word, scale);
+    uint8_t* block = out + destination * block_bytes;
+    const int64_t row_group = static_cast<int64_t>(row) * groups_per_row + group;
+    reinterpret_cast<uint32_t*>(block + row_group * (kGroup / 2))[warp.lane] = word;
+    if (warp.lane == 0) reinterpret_cast<float*>(block + rows * padded_chunk / 2)[row_group] = scale;
+}
+
+// reduce_encode_kernel with error feedback on the sums (error buffer: rows * padded_chunk values, in row order).
+__global__ void __launch_bounds__(kWarps * 32) reduce_encode_feedback_kernel(const uint8_t* __restrict__ in,
+                                                                             int sources,
+                                                                             int rows,
+                                                                             int64_t padded_chunk,
+                                                                             float* __restrict__ error,
+                                                                             float beta,
+                                                                             float keep,
+                                                                             uint8_t* __restrict__ out,
+                                                                             int64_t total_groups)
+{
+    const Warp warp = this_warp();
+    if (warp.index >= total_groups) return;
+    const uint32_t groups_per_row = static_cast<uint32_t>(padded_chunk / kGroup);
+    const uint32_t row = static_cast<uint32_t>(warp.index) / groups_per_row;
+    const uint32_t group = static_cast<uint32_t>(warp.index) - row * groups_per_row;
+    const int64_t in_codes = rows * padded_chunk / 2;
+    const int64_t in_block = in_codes + rows * static_cast<int64_t>(groups_per_row) * 4;
+    float acc[kPerLane];
+    dequantize_sum(in, in_block, sources, warp.index * (kGroup / 2) + warp.lane * 4, in_codes + warp.index * 4, acc);
+    uint32_t word;
+    float scale;
+    quantize_with_feedback(acc, error + warp.index * kGroup + warp.lane * kPerLane, beta, keep, word, scale);
+    uint8_t* block = out + row * (padded_chunk / 2 + static_cast<int64_t>(groups_per_row) * 4);
+    reinterpret_cast<uint32_t*>(block + group * int64_t(kGroup / 2))[warp.lane] = word;
+    if (warp.lane == 0) reinterpret_cast<float*>(block + padded_chunk / 2)[group] = scale;
+}
+
 int64_t blocks_for(int64_t warps) { return (warps + kWarps - 1) / kWarps; }
 
 template <typename Fmt>
@@ -323,6 +437,27 @@ void decode_sum(const uint8_t* in, int sources, int64_t padded_chunk, float fact
     if (count == 0) return;
     decode_sum_kernel<Fmt><<<blocks_for((count + kGroup - 1) / kGroup), kWarps * 32, 0, stream>>>(
         in, sources, padded_chunk, factor, static_cast<typename Fmt::Bits*>(out), count);
+}
+
+template <typename Fmt>
+void encode_feedback(const void* input,
+                     int64_t numel,
+                     int64_t chunk,
+                     int64_t padded_chunk,
+                     int destinations,
+                     int rows,
+                     float* error,
+                     float beta,
+                     float keep,
+                     uint8_t* out,
+                     cudaStream_t stream)
+{
+    const int64_t groups = static_cast<int64_t>(destinations) * rows * (padded_chunk / kGroup);
+    const int64_t block_bytes = rows * padded_chunk / 2 + rows * (padded_chunk / kGroup) * 4;
+    if (groups == 0) return;
+    encode_feedback_kernel<Fmt><<<blocks_for(groups), kWarps * 32, 0, stream>>>(
+        static_cast<const typename Fmt::Bits*>(input), numel, chunk, padded_chunk, destinations, rows, error, beta,
+        keep, out, block_bytes, groups);
 }
 
 }  // namespace
@@ -378,6 +513,51 @@ void launch_qgz_decode_sum(Format format,
             break;
         case Format::kFloat: decode_sum<FloatFormat>(in, sources, padded_chunk, factor, out, count, stream); break;
     }
+}
+
+void launch_qgz_encode_feedback(Format format,
+                                const void* input,
+                                int64_t numel,
+                                int64_t chunk,
+                                int64_t padded_chunk,
+                                int destinations,
+                                int rows,
+                                float* error,
+                                float beta,
+                                float keep,
+                                uint8_t* out,
+                                cudaStream_t stream)
+{
+    switch (format) {
+        case Format::kHalf:
+            encode_feedback<HalfFormat>(
+                input, numel, chunk, padded_chunk, destinations, rows, error, beta, keep, out, stream);
+            break;
+        case Format::kBFloat16:
+            encode_feedback<BFloat16Format>(
+                input, numel, chunk, padded_chunk, destinations, rows, error, beta, keep, out, stream);
+            break;
+        case Format::kFloat:
+            encode_feedback<FloatFormat>(
+                input, numel, chunk, padded_chunk, destinations, rows, error, beta, keep, out, stream);
+            break;
+    }
+}
+
+void launch_qgz_reduce_encode_feedback(const uint8_t* in,
+                                       int sources,
+                                       int rows,
+                                       int64_t padded_chunk,
+                                       float* error,
+                                       float beta,
+                                       float keep,
+                                       uint8_t* out,
+                                       cudaStream_t stream)
+{
+    const int64_t groups = rows * (padded_chunk / kGroup);
+    if (groups == 0) return;
+    reduce_encode_feedback_kernel<<<blocks_for(groups), kWarps * 32, 0, stream>>>(
+        in, sources, rows, padded_chunk, error, beta, keep, out, groups);
 }
 
 }  // namespace dszpp

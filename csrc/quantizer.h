@@ -67,4 +67,30 @@ void launch_qgz_decode_sum(Format format,
                            int64_t count,
                            cudaStream_t stream);
 
+// LoCo: launch_qgz_encode / launch_qgz_reduce_encode with error feedback (deepspeed_zeropp/qgz_wire.py): `error` holds
+// one fp32 value per encoded value (destinations * rows * padded_chunk, resp. rows * padded_chunk; 16-byte aligned),
+// added to the input before quantizing and updated in place; `keep` is 1 - beta.
+void launch_qgz_encode_feedback(Format format,
+                                const void* input,
+                                int64_t numel,
+                                int64_t chunk,
+                                int64_t padded_chunk,
+                                int destinations,
+                                int rows,
+                                float* error,
+                                float beta,
+                                float keep,
+                                uint8_t* out,
+                                cudaStream_t stream);
+
+void launch_qgz_reduce_encode_feedback(const uint8_t* in,
+                                       int sources,
+                                       int rows,
+                                       int64_t padded_chunk,
+                                       float* error,
+                                       float beta,
+                                       float keep,
+                                       uint8_t* out,
+                                       cudaStream_t stream);
+
 }  // namespace dszpp

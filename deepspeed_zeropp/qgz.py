@@ -75,24 +75,54 @@ def _reduce_scatter_plain(tensors, world, rank, factor):
     return results
 
 
-def _reduce_scatter_one(gradient, topology, groups):
+def _reduce_scatter_one(gradient, topology, groups, feedback=None):
+    """This rank's mean-reduced chunk of one gradient through the 4-bit stages; ``feedback`` (LoCo): None, or the
+    error feedback of the first and of the second quantization (``qgz_wire.Feedback``; the second is None with one
+    rank per node, where the gradient is quantized once)."""
     world, local_size, nodes, rank, factor = topology
     node, local = divmod(rank, local_size)
     codec = _codec(gradient.device)
     chunk, mine = _partition(gradient.numel(), world, rank)
-    padded_chunk = math.ceil(chunk / GROUP) * GROUP
+    padded_chunk = padded_chunk_of(gradient.numel(), world)
     flat = gradient.reshape(-1).contiguous()
+    first, second = feedback or (None, None)
     if local_size == 1:
         # One rank per node: block d (chunk d) goes straight to node d.
-        blocks = codec.qgz_encode(flat, nodes, 1, chunk, padded_chunk)
+        blocks = codec.qgz_encode(flat, nodes, 1, chunk, padded_chunk, first)
     else:
         # Stage 1, inside the node: local peer j gets row m = chunk m * L + j, for every node m; it sums what its
         # peers sent and re-encodes one row per node.
-        blocks = codec.qgz_encode(flat, local_size, nodes, chunk, padded_chunk)
-        blocks = codec.qgz_reduce_encode(_all_to_all(blocks, groups[f"local_{node}"]), nodes, padded_chunk)
+        blocks = codec.qgz_encode(flat, local_size, nodes, chunk, padded_chunk, first)
+        blocks = codec.qgz_reduce_encode(_all_to_all(blocks, groups[f"local_{node}"]), nodes, padded_chunk, second)
     # Stage 2, across nodes (ranks with the same local index): node m gets the node sums of its chunk.
     received = _all_to_all(blocks, groups[f"global_{local}"])
     return codec.qgz_decode_sum(received, padded_chunk, mine, factor, gradient.dtype)
+
+
+def topology():
+    """(world, ranks per node, nodes, rank, the mean's factor as an fp32 value) of the current process group."""
+    from deepspeed import comm as dist
+    from deepspeed.accelerator import get_accelerator
+    world, local_size = dist.get_world_size(), get_accelerator().device_count()
+    factor = float(torch.tensor(1.0 / world, dtype=torch.float32))  # the mean, as an fp32 value for both codecs
+    return world, local_size, world // local_size, dist.get_rank(), factor
+
+
+def padded_chunk_of(numel, world):
+    """Values per rank of a ``numel``-value gradient, padded to whole 4-bit groups."""
+    return math.ceil(_partition(numel, world, 0)[0] / GROUP) * GROUP
+
+
+def reduce_scatter(tensors, groups, topology, feedbacks=None):
+    """This rank's mean-reduced partition of every tensor (4-bit or unquantized: see :func:`quantizes`);
+    ``feedbacks``: None, or one entry per tensor for :func:`_reduce_scatter_one` (ignored for unquantized ones)."""
+    world, _, _, rank, factor = topology
+    feedbacks = feedbacks or [None] * len(tensors)
+    unquantized = iter(_reduce_scatter_plain([t for t in tensors if not quantizes(t, world)], world, rank, factor))
+    return [
+        _reduce_scatter_one(t, topology, groups, f) if quantizes(t, world) else next(unquantized)
+        for t, f in zip(tensors, feedbacks)
+    ]
 
 
 @torch.no_grad()
@@ -100,11 +130,4 @@ def all_to_all_quant_reduce(tensors, groups):
     """Drop-in for DeepSpeed's ``all_to_all_quant_reduce(tensors, groups)``: this rank's mean-reduced partition of
     every tensor, in the tensor's own dtype (4-bit or unquantized: see :func:`quantizes`). ``groups`` is
     DeepSpeed's all-to-all group dict (``local_{node}``, ``global_{local index}``)."""
-    from deepspeed import comm as dist
-    from deepspeed.accelerator import get_accelerator
-    world, local_size = dist.get_world_size(), get_accelerator().device_count()
-    factor = float(torch.tensor(1.0 / world, dtype=torch.float32))  # the mean, as an fp32 value for both codecs
-    rank = dist.get_rank()
-    topology = (world, local_size, world // local_size, rank, factor)
-    unquantized = iter(_reduce_scatter_plain([t for t in tensors if not quantizes(t, world)], world, rank, factor))
-    return [_reduce_scatter_one(t, topology, groups) if quantizes(t, world) else next(unquantized) for t in tensors]
+    return reduce_scatter(tensors, groups, topology())

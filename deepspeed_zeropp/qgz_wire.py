@@ -21,7 +21,16 @@ and sums in the same order):
   one-row block per row.
 - :func:`decode_sum`: one-row blocks from several sources -> fp32 sum over sources in order -> times ``factor``
   -> the gradient's dtype, rounded once.
+
+Error feedback (LoCo): :func:`encode` and :func:`reduce_encode` optionally take a :class:`Feedback`, an fp32 error
+buffer holding one value per encoded value (in the blocks' order: destination, row, padded column). The stage then
+quantizes ``v = x + e`` (its fp32 input plus the carried error) instead of ``x``, and updates the buffer in place to
+``e' = (beta * e) + ((1 - beta) * (v - decode(v)))``, each product and the sum rounded to fp32 (``beta`` and
+``1 - beta`` as fp32 values). A group that quantizes as non-finite (scale NaN) sets its errors to 0, so an overflow
+is not carried into later calls.
 """
+from typing import NamedTuple
+
 import torch
 
 BITS = 4
@@ -58,6 +67,38 @@ def dequantize_int4(packed, scales):
     return ((codes.float() * STEP) * scales.unsqueeze(1)).reshape(-1)
 
 
+class Feedback(NamedTuple):
+    """One stage's error feedback: ``error`` (fp32, updated in place) and the fp32 weights of :func:`weights`."""
+    error: torch.Tensor
+    beta: float
+    keep: float  # 1 - beta
+
+
+def weights(err_beta):
+    """(beta, 1 - beta) as fp32 values, the latter computed in fp32: what the kernels receive as floats."""
+    beta = torch.tensor(err_beta, dtype=torch.float32)
+    return float(beta), float(torch.tensor(1.0, dtype=torch.float32) - beta)
+
+
+def _quantize_with_feedback(values, feedback):
+    """:func:`quantize_int4` of ``values + error``, updating ``error`` as the module docstring says."""
+    error = feedback.error
+    if error.dtype != torch.float32 or error.shape != values.shape:
+        raise ValueError(f"error feedback: the buffer must be float32 with {values.numel()} values (one per encoded "
+                         f"value), got {error.dtype} with {error.numel()}")
+    compensated = values + error
+    packed, scales = quantize_int4(compensated)
+    residual = compensated - dequantize_int4(packed, scales)
+    # Separate products and a plain sum (no alpha=, no addcmul): each op rounds once, as __fmul_rn/__fadd_rn.
+    updated = (error * feedback.beta + residual * feedback.keep).view(-1, GROUP)
+    error.view(-1, GROUP).copy_(torch.where(torch.isnan(scales).unsqueeze(1), torch.zeros_like(updated), updated))
+    return packed, scales
+
+
+def _quantize(values, feedback):
+    return quantize_int4(values) if feedback is None else _quantize_with_feedback(values, feedback)
+
+
 def _to_blocks(packed, scales, blocks):
     codes_bytes = packed.numel() // blocks
     out = torch.empty(blocks, codes_bytes + scales.numel() * 4 // blocks, dtype=torch.uint8, device=packed.device)
@@ -78,20 +119,22 @@ def _sum_of_sources(blocks, rows, padded_chunk):
     return total
 
 
-def encode(flat, destinations, rows, chunk, padded_chunk):
-    """A flat gradient -> uint8 blocks [destinations, block_bytes(rows, padded_chunk)]."""
+def encode(flat, destinations, rows, chunk, padded_chunk, feedback=None):
+    """A flat gradient -> uint8 blocks [destinations, block_bytes(rows, padded_chunk)]; ``feedback``: a
+    :class:`Feedback` of ``destinations * rows * padded_chunk`` values, or None."""
     chunks_total = destinations * rows
     values = torch.zeros(chunks_total * chunk, dtype=torch.float32, device=flat.device)
     values[:flat.numel()] = flat  # exact: every fp16/bf16 value is an fp32 value
     chunks = torch.zeros(chunks_total, padded_chunk, dtype=torch.float32, device=flat.device)
     chunks[:, :chunk] = values.view(chunks_total, chunk)
     swizzled = chunks.view(rows, destinations, padded_chunk).transpose(0, 1)  # [d, m] = chunk m * destinations + d
-    return _to_blocks(*quantize_int4(swizzled.reshape(-1)), destinations)
+    return _to_blocks(*_quantize(swizzled.reshape(-1), feedback), destinations)
 
 
-def reduce_encode(blocks, rows, padded_chunk):
-    """Received blocks [sources, block_bytes(rows, padded_chunk)] -> [rows, block_bytes(1, padded_chunk)]."""
-    return _to_blocks(*quantize_int4(_sum_of_sources(blocks, rows, padded_chunk)), rows)
+def reduce_encode(blocks, rows, padded_chunk, feedback=None):
+    """Received blocks [sources, block_bytes(rows, padded_chunk)] -> [rows, block_bytes(1, padded_chunk)];
+    ``feedback``: a :class:`Feedback` of ``rows * padded_chunk`` values, or None."""
+    return _to_blocks(*_quantize(_sum_of_sources(blocks, rows, padded_chunk), feedback), rows)
 
 
 def decode_sum(blocks, padded_chunk, count, factor, dtype):

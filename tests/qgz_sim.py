@@ -2,7 +2,8 @@
 j of every sender) around a codec module (``qgz_encode``, ``qgz_reduce_encode``, ``qgz_decode_sum``).
 
 Mirrors the 4-bit path of deepspeed_zeropp.qgz step for step (for any tensor, whatever ``qgz.quantizes`` says), so
-codecs can be compared on whole reductions without processes.
+codecs can be compared on whole reductions without processes; with ``feedbacks``, LoCo's error feedback as
+deepspeed_zeropp.loco passes it (per rank: the first quantization's and the node sum's ``Feedback``).
 """
 import math
 
@@ -23,21 +24,24 @@ def bound_of_largest(local_size):
     return (1 if local_size == 1 else 1 + 15 / 14) / 14 * (1 + 1e-5)
 
 
-def reduce_scatter(gradients, local_size, codec):
-    """Every rank's partition of the mean of ``gradients`` (one per rank, rank = node * local_size + local)."""
+def reduce_scatter(gradients, local_size, codec, feedbacks=None):
+    """Every rank's partition of the mean of ``gradients`` (one per rank, rank = node * local_size + local).
+    ``feedbacks``: None, or per rank a pair (first, second) of ``qgz_wire.Feedback`` (second None when
+    local_size == 1), whose errors are updated in place."""
     world = len(gradients)
     nodes = world // local_size
     numel = gradients[0].numel()
     chunk, padded = geometry(numel, world)
     flats = [g.reshape(-1).contiguous() for g in gradients]
+    feedbacks = feedbacks or [(None, None)] * world
     if local_size == 1:
-        sent = [codec.qgz_encode(flat, nodes, 1, chunk, padded) for flat in flats]
+        sent = [codec.qgz_encode(flat, nodes, 1, chunk, padded, fb[0]) for flat, fb in zip(flats, feedbacks)]
     else:
-        sent = [codec.qgz_encode(flat, local_size, nodes, chunk, padded) for flat in flats]
+        sent = [codec.qgz_encode(flat, local_size, nodes, chunk, padded, fb[0]) for flat, fb in zip(flats, feedbacks)]
         sent = [
-            codec.qgz_reduce_encode(torch.stack([sent[node * local_size + peer][local]
-                                                 for peer in range(local_size)]), nodes, padded)
-            for node in range(nodes) for local in range(local_size)
+            codec.qgz_reduce_encode(torch.stack([sent[node * local_size + peer][local] for peer in range(local_size)]),
+                                    nodes, padded, feedbacks[node * local_size + local][1]) for node in range(nodes)
+            for local in range(local_size)
         ]
     factor = float(torch.tensor(1.0 / world, dtype=torch.float32))
     results = []

@@ -168,8 +168,20 @@ def _check_geometry(rows, padded_chunk):
                f"padded_chunk must be a non-negative multiple of {GROUP}, got {padded_chunk}")
 
 
-def qgz_encode(flat, destinations, rows, chunk, padded_chunk):
-    """qgZ: a flat CUDA gradient -> uint8 blocks [destinations, block bytes] (layout: ``qgz_wire``)."""
+def _check_feedback(feedback, values, device):
+    """An error buffer the LoCo kernels may read and write: fp32, flat, contiguous, one value per encoded value."""
+    error = feedback.error
+    _check_qgz(
+        error.is_cuda and error.device == device and error.dtype == torch.float32 and error.dim() == 1
+        and error.is_contiguous(), f"the error buffer must be a flat contiguous float32 tensor on {device}, got "
+        f"{error.dtype} {tuple(error.shape)} on {error.device}")
+    _check_qgz(error.numel() == values, f"the error buffer holds {error.numel()} values, expected {values}")
+    _check_qgz(error.data_ptr() % 16 == 0, "the error buffer must be 16-byte aligned")
+
+
+def qgz_encode(flat, destinations, rows, chunk, padded_chunk, feedback=None):
+    """qgZ: a flat CUDA gradient -> uint8 blocks [destinations, block bytes] (layout: ``qgz_wire``); with a
+    ``qgz_wire.Feedback``, LoCo's error feedback (its error updated in place)."""
     _check_qgz(flat.is_cuda and flat.dim() == 1 and flat.is_contiguous(),
                "the gradient must be a flat contiguous CUDA tensor")
     _check_qgz(flat.dtype in QGZ_DTYPES, f"the gradient must be float16, bfloat16 or float32, got {flat.dtype}")
@@ -179,14 +191,24 @@ def qgz_encode(flat, destinations, rows, chunk, padded_chunk):
     _check_qgz(destinations * rows * (padded_chunk // GROUP) < 2**31, f"at most 2^31 - 1 groups of {GROUP} per call")
     _check_qgz(destinations * rows * chunk >= flat.numel(),
                f"{destinations} x {rows} chunks of {chunk} do not cover the input's {flat.numel()} values")
-    return _extension().qgz_encode(flat, destinations, rows, chunk, padded_chunk)
+    if feedback is None:
+        return _extension().qgz_encode(flat, destinations, rows, chunk, padded_chunk)
+    _check_feedback(feedback, destinations * rows * padded_chunk, flat.device)
+    return _extension().qgz_encode_feedback(flat, feedback.error, feedback.beta, feedback.keep, destinations, rows,
+                                            chunk, padded_chunk)
 
 
-def qgz_reduce_encode(blocks, rows, padded_chunk):
-    """qgZ: received blocks [sources, bytes] of ``rows`` rows -> fp32 sum over sources -> [rows, bytes of one row]."""
+def qgz_reduce_encode(blocks, rows, padded_chunk, feedback=None):
+    """qgZ: received blocks [sources, bytes] of ``rows`` rows -> fp32 sum over sources -> [rows, bytes of one row];
+    with a ``qgz_wire.Feedback``, LoCo's error feedback on the sums (its error updated in place)."""
     _check_geometry(rows, padded_chunk)
     _check_blocks(blocks, rows, padded_chunk)
-    return _extension().qgz_reduce_encode(blocks, rows, padded_chunk)
+    _check_qgz(rows * (padded_chunk // GROUP) < 2**31, f"at most 2^31 - 1 groups of {GROUP} per call")
+    if feedback is None:
+        return _extension().qgz_reduce_encode(blocks, rows, padded_chunk)
+    _check_feedback(feedback, rows * padded_chunk, blocks.device)
+    return _extension().qgz_reduce_encode_feedback(blocks, feedback.error, feedback.beta, feedback.keep, rows,
+                                                   padded_chunk)
 
 
 def qgz_decode_sum(blocks, padded_chunk, count, factor, dtype):

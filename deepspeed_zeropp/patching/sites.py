@@ -6,7 +6,7 @@ a row's range the attribute must exist; ``patch(strict=True)`` raises otherwise.
 """
 from typing import Callable, NamedTuple, Optional
 
-from .. import qgz
+from .. import loco, qgz
 from ..quantizer import QuantizerMethods
 from . import seams
 
@@ -16,6 +16,7 @@ COALESCED_COLLECTIVES = "deepspeed.runtime.comm.coalesced_collectives"
 PARAMETER_OFFLOAD = "deepspeed.runtime.zero.parameter_offload"
 ENGINE = "deepspeed.runtime.engine"
 UPSTREAM_DTYPE_FIX = "0.19.6"  # DeepSpeed PR #8215: fp16 detour in the quantizer, dtype= at five sites
+LOCO_SINCE, LOCO_UNTIL = "0.16.2", "0.19.7"  # zeropp_loco_param: all_to_all_loco_quant_reduce (0.19.8 removed it)
 
 OLDEST_SUPPORTED = "0.14.4"
 NEWEST_KNOWN = "0.19.8"
@@ -146,5 +147,21 @@ SITES = (
          "all_to_all_quant_reduce",
          seams.replace_with(qgz.all_to_all_quant_reduce),
          "Why this seam: stage3 binds all_to_all_quant_reduce by name at import; this is the binding it calls.",
+         module=STAGE3),
+    Site(None,
+         "all_to_all_loco_quant_reduce",
+         seams.replace_with(loco.all_to_all_loco_quant_reduce),
+         "Why this seam: LoCo's all_to_all_loco_quant_reduce (qgZ with error feedback, zeropp_loco_param) reads "
+         "bf16/fp32 gradients and its error buffers as fp16 bits; the whole function is that kernel pipeline, so "
+         "it is reimplemented (same signature and error-buffer attributes) on our qgZ with fp32 error feedback.",
+         since=LOCO_SINCE,
+         until=LOCO_UNTIL,
+         module=COALESCED_COLLECTIVES),
+    Site(None,
+         "all_to_all_loco_quant_reduce",
+         seams.replace_with(loco.all_to_all_loco_quant_reduce),
+         "Why this seam: stage3 binds all_to_all_loco_quant_reduce by name at import; this is the binding it calls.",
+         since=LOCO_SINCE,
+         until=LOCO_UNTIL,
          module=STAGE3),
 )

@@ -32,6 +32,8 @@ def ds_config(run, dtype):
         zero["stage3_gather_16bit_weights_on_model_save"] = True  # else save_16bit_model writes nothing
     if run.get("quantized_gradients"):
         zero["zero_quantized_gradients"] = True
+    if run.get("loco"):  # LoCo's error feedback on qgZ (DeepSpeed 0.16.2 to 0.19.7), e.g. {"err_beta": 0.8}
+        zero["zeropp_loco_param"] = run["loco"]
     if run.get("hpz"):
         zero["zero_hpz_partition_size"] = run["hpz"]
     if run.get("offload_param"):
@@ -90,6 +92,8 @@ class Counters:
         from deepspeed.runtime.zero import partition_parameters as pp, stage3
         from deepspeed_zeropp import qgz
         self.spy(stage3, "all_to_all_quant_reduce", "quantized_gradient_reductions")
+        if "all_to_all_loco_quant_reduce" in vars(stage3):
+            self.spy(stage3, "all_to_all_loco_quant_reduce", "loco_gradient_reductions")
         self.spy(qgz, "_reduce_scatter_one", "gradients_reduced_in_4_bits")
         self.spy(qgz, "_reduce_scatter_plain", "unquantized_gradient_batches")
         self.spy(pp.CUDAQuantizer, "quantize", "quantize")
@@ -174,7 +178,8 @@ def build_model(spec, run):
     full copy of its initial parameters for the value checks."""
     import deepspeed
     torch.manual_seed(spec.get("seed", 0))
-    dtype = DTYPES[spec.get("model_dtype", spec["dtype"])]  # a bf16 model may train under an fp32 config
+    # A bf16 model may train under an fp32 config; a run may train in another dtype than the job's.
+    dtype = DTYPES[run.get("dtype") or spec.get("model_dtype", spec["dtype"])]
     if not run.get("zero_init"):
         return models.build(spec["model"], dtype), ForwardChecks
     with deepspeed.zero.Init():
@@ -433,6 +438,20 @@ def digest(engine):
     return hasher.hexdigest()
 
 
+def error_buffers(engine):
+    """LoCo's per-parameter error buffers (``intra_ef_buf`` / ``inter_ef_buf``): how many, dtypes, reductions served."""
+    kept = [p for p in engine.module.parameters() if hasattr(p, "intra_ef_buf")]
+    return {
+        "parameters": len(kept),
+        "dtypes": sorted({str(p.intra_ef_buf[1].dtype)
+                          for p in kept} | {str(p.inter_ef_buf[1].dtype)
+                                            for p in kept}),
+        "uses": sorted({p.intra_ef_buf[0]
+                        for p in kept}),
+        "nonzero": sum(int(p.intra_ef_buf[1].count_nonzero()) + int(p.inter_ef_buf[1].count_nonzero()) for p in kept),
+    }
+
+
 def train(run, spec, rank):
     spec = dict(spec, **{key: run[key] for key in ("dtype", "patch") if key in run})  # per-run overrides
     dtype = DTYPES[spec["dtype"]]
@@ -480,6 +499,8 @@ def train(run, spec, rank):
     for key, value in (("written", written), ("export", exported), ("checkpoint", restored)):
         if value is not None:
             result[key] = value
+    if run.get("loco"):
+        result["error_buffers"] = error_buffers(engine)
     return result
 
 

@@ -34,6 +34,7 @@ COLUMNS = (
     ("checkpoint round trip", ("test_checkpoint_round_trip", )),
     ("hpZ 4 ranks", ("test_hpz_four_ranks_bf16", )),
     ("qgZ bf16/fp32", ("tests.multirank.test_qgz.", )),
+    ("qgZ + LoCo bf16/fp32", ("tests.multirank.test_loco.", )),
     ("DEEPSPEED_ZEROPP=1 (HF Trainer, launchers)", ("tests.multirank.test_activation.", )),
 )
 
