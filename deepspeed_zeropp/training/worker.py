@@ -245,6 +245,21 @@ def partitions(engine):
     return stored
 
 
+def bit_identical(a, b):
+    """Same dtype, shape and bytes. Not torch.equal: a partition that is all padding (a 2-element bias at 4 ranks)
+    holds the deterministic-mode NaN fill, which is bit-identical on both sides but never equal to itself."""
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.contiguous().view(-1).view(torch.uint8),
+                                                                     b.contiguous().view(-1).view(torch.uint8))
+
+
+def reset_hpz_group():
+    """DeepSpeed keeps the hpZ group in a module global that every later ZeRO-3 engine in the process adopts,
+    zero_hpz_partition_size configured or not: without this, a run after an hpZ run silently gathers from hpZ
+    secondary partitions (and an hpZ run after another keeps the first one's group size)."""
+    from deepspeed.utils import groups
+    groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
+
+
 def forward_values(engine, names):
     """The named parameters as a forward sees them (gathered, dequantized), on CPU."""
     import deepspeed
@@ -337,7 +352,7 @@ def checkpoint_round_trip(engine, spec, run, dtype, rank):
     fresh.load_checkpoint(directory, tag="step")
     fresh.empty_partition_cache()  # release whatever loading left gathered: the next forward gathers afresh
     after = partitions(fresh)
-    mismatched = [k for k in before if k not in after or not torch.equal(before[k], after[k])]
+    mismatched = [k for k in before if k not in after or not bit_identical(before[k], after[k])]
     everyone = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(everyone, mismatched)  # every rank's partitions, not only rank 0's
     mismatched = [f"rank {r}: {k}" for r, keys in enumerate(everyone) for k in keys]
@@ -456,6 +471,7 @@ def train(run, spec, rank):
     spec = dict(spec, **{key: run[key] for key in ("dtype", "patch") if key in run})  # per-run overrides
     dtype = DTYPES[spec["dtype"]]
     apply_patch(spec, run)
+    reset_hpz_group()
     work = Counters()  # from the start: partitioning happens while the engine is built
     work.install_work()
     try:

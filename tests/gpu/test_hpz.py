@@ -1,7 +1,9 @@
 """hpZ (zero_hpz_partition_size 2) with quantized weights on a GPU: 4 ranks sharing one GPU over gloo (NCCL
 refuses two ranks on one GPU), so the secondary partitions and their quantized gathers run through the CUDA
-kernels. Loss parity and dtype at every forward against the unquantized hpZ run, and a checkpoint round trip whose
-next steps (the backward gathers secondary partitions) match the saved engine's."""
+kernels. Loss parity and dtype at every forward against the unquantized hpZ run, and a checkpoint round trip:
+identical partitions on every rank, next losses within the quantization tolerance (not bit for bit: a fresh engine
+records DeepSpeed's module trace anew, so its backward gathers from the secondary partitions where the saved
+engine's reuses the forward's gathers, and a secondary gather quantizes with other int8 scales)."""
 import pytest
 import torch
 
@@ -9,7 +11,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from deepspeed_zeropp.training.launch import run_job  # noqa: E402
-from tests.multirank.test_training import assert_trained_like_baseline  # noqa: E402
+from tests.multirank.test_training import assert_trained_like_baseline, loss_tolerance  # noqa: E402
 
 
 def test_hpz_four_ranks_bf16_on_gpu():
@@ -49,4 +51,5 @@ def test_hpz_four_ranks_bf16_on_gpu():
     assert "error" not in run, run.get("traceback", run.get("error"))
     restored = run["checkpoint"]
     assert restored["compared"] > 0 and restored["mismatched"] == [], restored
-    assert restored["next_losses_loaded"] == restored["next_losses_saved"], restored
+    for loaded, saved in zip(restored["next_losses_loaded"], restored["next_losses_saved"]):
+        assert abs(loaded - saved) <= loss_tolerance(saved), restored
