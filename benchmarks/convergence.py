@@ -4,16 +4,16 @@ A GPT-2-small-shaped model (12 layers, width 768) over byte tokens of the Python
 (``deepspeed_zeropp.training.models.corpus``: offline on any machine), 2 GPUs with each rank seeing only its own GPU,
 so DeepSpeed treats the ranks as two nodes and qgZ's quantized reduce-scatter runs. Every run trains from the same
 seed on the same batches. The upstream runs use the installed DeepSpeed unpatched (its compiled quantizer, built on
-first use). Jobs of one dtype run side by side when ``--parallel`` is given (the GPUs have room for all of them;
+first use). Each configuration and dtype is one job; with ``--parallel`` all jobs run side by side (the GPUs have room;
 step times then mean nothing, only losses are compared).
 
     python benchmarks/convergence.py [--steps 500] [--dtypes bf16 fp16] [--parallel] [--out DIR] [--commit SHA]
     python benchmarks/convergence.py --device cpu --dtypes bf16 --steps 3 --out /tmp/conv   # smoke test
 
-``--loco`` adds "ours qwZ+qgZ+LoCo" (``zeropp_loco_param``): it needs a DeepSpeed with LoCo, 0.16.2 to 0.19.7
-(0.19.8 rejects the key).
+``--loco`` adds qwZ+qgZ with LoCo (``zeropp_loco_param``), ours and upstream's: it needs a DeepSpeed with LoCo,
+0.16.2 to 0.19.7 (0.19.8 rejects the key). ``--only`` picks configurations by name, ``--name`` the files' stem.
 
-Writes convergence.{json,md,png} into --out (default benchmarks/results).
+Writes NAME.{json,md,png} into --out (default benchmarks/results, NAME convergence).
 """
 import argparse
 import json
@@ -39,14 +39,19 @@ CONFIGS = (  # (name, patched, run options)
         "quantized_gradients": True
     }),
 )
-LOCO_CONFIG = ("ours qwZ+qgZ+LoCo", True, {
-    "quantized": True,
-    "quantized_gradients": True,
-    "loco": {
-        "err_beta": 0.8,
-        "reset_T": 1024
-    }
-})
+LOCO = {"err_beta": 0.8, "reset_T": 1024}
+LOCO_CONFIGS = (
+    ("ours qwZ+qgZ+LoCo", True, {
+        "quantized": True,
+        "quantized_gradients": True,
+        "loco": LOCO
+    }),
+    ("upstream qwZ+qgZ+LoCo", False, {
+        "quantized": True,
+        "quantized_gradients": True,
+        "loco": LOCO
+    }),
+)
 
 
 def job(dtype, patched, runs, steps, lr, device):
@@ -56,12 +61,8 @@ def job(dtype, patched, runs, steps, lr, device):
 
 
 def run_all(dtypes, steps, lr, parallel, device, configs=CONFIGS):
-    """{dtype: {config name: run result}}: patched configs share one job per dtype, upstream gets its own."""
-    plan = []
-    for dtype in dtypes:
-        for patched in (True, False):
-            runs = [(name, options) for name, p, options in configs if p == patched]
-            plan.append((dtype, patched, runs))
+    """{dtype: {config name: run result}}: one job per dtype and configuration."""
+    plan = [(dtype, patched, [(name, options)]) for dtype in dtypes for name, patched, options in configs]
     results = {dtype: {} for dtype in dtypes}
     meta = {}
 
@@ -165,9 +166,17 @@ def main():
     parser.add_argument("--device", default="cuda-isolated", help="cpu for a smoke test (2 ranks as 2 nodes, gloo)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     parser.add_argument("--commit", default=None, help="the commit measured (default: git rev-parse HEAD)")
-    parser.add_argument("--loco", action="store_true", help="add ours with LoCo (DeepSpeed 0.16.2 to 0.19.7)")
+    parser.add_argument("--loco",
+                        action="store_true",
+                        help="add LoCo, ours and upstream's (DeepSpeed 0.16.2 to 0.19.7)")
+    parser.add_argument("--only",
+                        nargs="+",
+                        default=None,
+                        help="run only these configurations (names as in the table)")
+    parser.add_argument("--name", default="convergence", help="stem of the result files")
     args = parser.parse_args()
-    configs = CONFIGS + (LOCO_CONFIG, ) if args.loco else CONFIGS
+    configs = CONFIGS + LOCO_CONFIGS if args.loco else CONFIGS
+    configs = tuple(c for c in configs if args.only is None or c[0] in args.only)
     commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                            text=True).stdout.strip() or "unknown"
     from deepspeed_zeropp.training.models import corpus
@@ -185,10 +194,10 @@ def main():
         }
         for d, runs in results.items()
     }
-    (args.out / "convergence.json").write_text(json.dumps(record, indent=1))
+    (args.out / f"{args.name}.json").write_text(json.dumps(record, indent=1))
     text = markdown(rows, meta, args.steps, args.lr, commit, record["corpus_bytes"])
-    (args.out / "convergence.md").write_text(text)
-    plot(results, args.out / "convergence.png")
+    (args.out / f"{args.name}.md").write_text(text)
+    plot(results, args.out / f"{args.name}.png")
     print(text)
 
 
