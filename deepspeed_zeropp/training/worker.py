@@ -184,7 +184,7 @@ def build_model(spec, run):
         return models.build(spec["model"], dtype), ForwardChecks
     with deepspeed.zero.Init():
         model = models.build(spec["model"], dtype)
-    # One parameter at a time: up to 0.18.x Init's coalesced synchronous gather waits on its last gloo handle
+    # One parameter at a time: up to 0.19.5 Init's coalesced synchronous gather waits on its last gloo handle
     # only, so the others may still be in flight when read (seen as NaN from the deterministic-mode fill).
     originals = {}
     for param in model.parameters():
@@ -440,13 +440,14 @@ def qgz_check(run, spec, rank):
 
 
 def digest(engine):
-    """sha256 of every full parameter (names, dtypes, bytes) in order: equal digests, bit-identical weights."""
+    """sha256 of every full parameter (names, dtypes, bytes) in order: equal digests, bit-identical weights.
+    One parameter per gather: up to 0.19.5 Init's coalesced gather waits on its last gloo handle only, so the
+    other parameters of a list may still be in flight when read."""
     import hashlib
     import deepspeed
-    params = list(engine.module.named_parameters())
     hasher = hashlib.sha256()
-    with deepspeed.zero.GatheredParameters([p for _, p in params]):
-        for name, param in params:
+    for name, param in engine.module.named_parameters():
+        with deepspeed.zero.GatheredParameters([param]):
             full = param.detach().cpu().contiguous()
             hasher.update(f"{name}:{full.dtype}:{tuple(full.shape)}".encode())
             hasher.update(full.view(-1).view(torch.uint8).numpy().tobytes())
