@@ -193,12 +193,30 @@ def _init_layout(init, params, *args, **kwargs):
     return {"blocks": torch.distributed.get_world_size(group=init.get_partition_dp_group(params[0]))}
 
 
-# Init's coalesced gather is told by its caller whether the list is quantized; the sequential one dequantizes
-# exactly the parameters whose partitions are stored as MixZ++ codes.
-INIT_GATHER_COALESCED = dtype_scoped(
-    lambda init, params, *a, **k: params,
-    lambda init, params, hierarchy=0, quantize=False: bool(quantize) and len(params) > 0,
-    _init_layout)
+def _init_coalesced_quantized(init, params, hierarchy=0, quantize=False):
+    return bool(quantize) and len(params) > 0
+
+
+def INIT_GATHER_COALESCED(original):
+    """Seam factory for ``Init._allgather_params_coalesced``, told by its caller whether the list is quantized:
+    the common dequantize target of dtype_scoped. A list is gathered one parameter per call: up to 0.19.5 the
+    method waits on its last parameter's all-gather only before reading every buffer, and gloo completes the
+    others in any order, so their values or codes may still be arriving (garbage, which
+    GatheredParameters(modifier_rank=...), as in save_16bit_model, writes back into the partitions). With one
+    parameter, its one all-gather is the one waited on."""
+    gather = dtype_scoped(lambda init, params, *a, **k: params, _init_coalesced_quantized, _init_layout)(original)
+
+    def wrapper(init, params, *args, **kwargs):
+        if len(params) < 2:
+            return gather(init, params, *args, **kwargs)
+        for param in params:
+            gather(init, [param], *args, **kwargs)
+        return None
+
+    return wrapper
+
+
+# Init's sequential gather dequantizes exactly the parameters whose partitions are stored as MixZ++ codes.
 INIT_GATHER_SEQUENTIAL = dtype_scoped(lambda init, params, *a, **k: params,
                                       lambda init, params, *a, **k: _any_stored_quantized(params), _init_layout)
 
