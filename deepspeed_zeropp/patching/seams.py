@@ -199,15 +199,16 @@ def _init_coalesced_quantized(init, params, hierarchy=0, quantize=False):
 
 def INIT_GATHER_COALESCED(original):
     """Seam factory for ``Init._allgather_params_coalesced``, told by its caller whether the list is quantized:
-    the common dequantize target of dtype_scoped. A list is gathered one parameter per call: up to 0.19.5 the
-    method waits on its last parameter's all-gather only before reading every buffer, and gloo completes the
-    others in any order, so their values or codes may still be arriving (garbage, which
-    GatheredParameters(modifier_rank=...), as in save_16bit_model, writes back into the partitions). With one
-    parameter, its one all-gather is the one waited on."""
+    the common dequantize target of dtype_scoped. When the Init quantizes weights (qwZ or MixZ++), a list is
+    gathered one parameter per call: up to 0.19.5 the method waits on its last parameter's all-gather only
+    before reading every buffer, and gloo completes the others in any order, so their values or codes may still be
+    arriving (garbage, which GatheredParameters(modifier_rank=...), as in save_16bit_model, writes back into the
+    partitions). With one parameter, its one all-gather is the one waited on. Without a ZeRO++ flag the original
+    runs untouched, as stock."""
     gather = dtype_scoped(lambda init, params, *a, **k: params, _init_coalesced_quantized, _init_layout)(original)
 
     def wrapper(init, params, *args, **kwargs):
-        if len(params) < 2:
+        if len(params) < 2 or not weights_quantized(init):
             return gather(init, params, *args, **kwargs)
         for param in params:
             gather(init, [param], *args, **kwargs)

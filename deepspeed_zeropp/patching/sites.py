@@ -78,7 +78,8 @@ SITES = (
          "_allgather_params_coalesced",
          seams.INIT_GATHER_COALESCED,
          "Why this seam: Init's own coalesced all-gather (GatheredParameters with hierarchy) dequantizes each "
-         "parameter without a dtype before 0.19.6; the wrapper knows the list of parameters it fills.",
+         "parameter without a dtype before 0.19.6, and up to 0.19.5 reads every buffer of its list after waiting "
+         "on the last all-gather only; the wrapper knows the list of parameters it fills.",
          upstream_fixed_in=UPSTREAM_DTYPE_FIX),
     Site("Init",
          "_allgather_params",

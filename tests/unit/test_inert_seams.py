@@ -65,3 +65,18 @@ def test_init_gathers_call_straight_through_when_nothing_is_quantized(monkeypatc
     assert seams.INIT_GATHER_SEQUENTIAL(original)(fake_init, [param]) == "result"
     assert seams.INIT_GATHER_SINGLE(original)(fake_init, [param]) == "result"
     assert len(calls) == 3
+
+
+@pytest.mark.parametrize("quantized", [True, False])
+def test_init_coalesced_gather_splits_lists_only_when_quantizing(quantized):
+    """Up to 0.19.5 Init's coalesced gather waits on its list's last all-gather only: with a ZeRO++ flag the seam
+    hands it one parameter per call; without one, the stock call runs untouched."""
+    calls = []
+
+    def original(init, params, hierarchy=0, quantize=False):
+        calls.append([id(p) for p in params])
+
+    params = [zero_param(4, torch.zeros(2)) for _ in range(3)]
+    seams.INIT_GATHER_COALESCED(original)(init(quantized), params)
+    expected = [[id(p)] for p in params] if quantized else [[id(p) for p in params]]
+    assert calls == expected
