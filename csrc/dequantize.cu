@@ -17,7 +17,16 @@ namespace dszpp {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 4;
+#ifndef DSZPP_DEQUANT_UNROLL
+#define DSZPP_DEQUANT_UNROLL 4
+#endif
+#ifndef DSZPP_DEQUANT_CODES
+#define DSZPP_DEQUANT_CODES 0
+#endif
+constexpr int kUnroll = DSZPP_DEQUANT_UNROLL;
+// Codes per packet on the aligned path: 16 (one 16-byte load of codes, several 16-byte stores of output) or 0 for
+// one 16-byte store of output per packet (8 or 4 codes).
+constexpr int kCodesPerPacket = DSZPP_DEQUANT_CODES;
 
 template <typename Index>
 __device__ __forceinline__ Index smaller(Index a, Index b)
@@ -78,7 +87,9 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const int8_t* __re
             OutPacket result;
 #pragma unroll
             for (int j = 0; j < VEC; ++j) result.e[j] = value(in[k].e[j]);
-            reinterpret_cast<OutPacket*>(out + first)->raw[0] = result.raw[0];
+            OutPacket* target = reinterpret_cast<OutPacket*>(out + first);
+#pragma unroll
+            for (int r = 0; r < sizeof(result.raw) / sizeof(result.raw[0]); ++r) target->raw[r] = result.raw[r];
         } else {
             for (Index i = first; i < numel; ++i) out[i] = value(codes[i]);
         }
@@ -116,7 +127,7 @@ void launch(const int8_t* codes,
             cudaStream_t stream)
 {
     using Bits = typename Fmt::Bits;
-    constexpr int kVec = 16 / sizeof(Bits);
+    constexpr int kVec = kCodesPerPacket > 0 ? kCodesPerPacket : 16 / sizeof(Bits);
     if (numel == 0) return;
     const bool aligned = reinterpret_cast<uintptr_t>(codes) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
     // 32-bit indices (cheaper division) while neither packet index arithmetic nor the layout's sizes overflow them.

@@ -1,12 +1,16 @@
 """Public quantize / dequantize: input checks, shape handling and backend dispatch, in one place.
 
-Backends only ever see flat, contiguous tensors whose sizes already agree with the group layout; everything a
-caller can get wrong is rejected here with an error that names the problem and what is accepted. The layout itself
+Backends only ever see contiguous tensors whose sizes already agree with the group layout (of any shape: they
+return codes or values of their input's shape); everything a caller can get wrong is rejected here with an error
+that names the problem and what is accepted. This is also the hot path (DeepSpeed calls it per gathered
+parameter or bucket), so the checks are cheap attribute tests and the layouts are memoised. The layout itself
 comes from :func:`grouping.group_layout`.
 """
+import functools
+
 import torch
 
-from .dtypes import DEFAULT_DEQUANT_DTYPE, check_float_dtype, check_wire_tensors
+from .dtypes import DEFAULT_DEQUANT_DTYPE, SUPPORTED_DTYPES, check_float_dtype, check_wire_tensors
 from .grouping import Layout, group_layout
 from .backends import resolve_backend
 
@@ -18,24 +22,45 @@ def quantize(x, groups=None, backend="auto"):
     ``groups`` must divide ``x.numel()`` and gives equal groups (DeepSpeed's op's meaning of the argument).
     """
     _check_tensor(x, "quantize input")
-    check_float_dtype(x.dtype, "quantize input")
-    numel = x.numel()
-    if groups is not None and (not isinstance(groups, int) or isinstance(groups, bool)):
+    if x.dtype not in SUPPORTED_DTYPES:
+        check_float_dtype(x.dtype, "quantize input")
+    layout = group_layout(x.numel()) if groups is None else _explicit_layout(x.numel(), groups)
+    impl = resolve_backend(backend, x.device)
+    return impl.quantize(x if x.is_contiguous() else x.contiguous(), *layout)
+
+
+def _memoised(layout_function):
+    """Layouts are pure functions of their integer arguments: computed once per argument tuple, so the per-call
+    cost of the checks is a dictionary lookup. Unhashable arguments bypass the cache and reach the function's own
+    check, which names them."""
+    cached = functools.lru_cache(maxsize=1024, typed=True)(layout_function)
+
+    @functools.wraps(layout_function)
+    def call(*args):
+        try:
+            return cached(*args)
+        except TypeError:
+            return layout_function(*args)
+
+    return call
+
+
+@_memoised
+def _explicit_layout(numel, groups):
+    if not isinstance(groups, int) or isinstance(groups, bool):
         raise ValueError(f"groups must be None or a positive int dividing numel={numel}, got {groups!r}")
     layout = group_layout(numel)
-    if groups is not None and groups != layout.groups:
+    if groups != layout.groups:
         if groups < 1 or numel % groups != 0:
             raise ValueError(f"groups must be None or a positive int dividing numel={numel}, got {groups!r}")
         layout = Layout(groups, numel // groups)
-    impl = resolve_backend(backend, x.device)
-    codes, scales = impl.quantize(x.detach().contiguous().view(-1), *layout)
-    return codes.view(x.shape), scales
+    return layout
 
 
 def _check_tensor(value, what):
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
-    if value.device.type == "meta":
+    if value.is_meta:
         raise ValueError(f"{what} is on the meta device, which holds no values; pass a tensor on a real device")
 
 
@@ -46,8 +71,10 @@ def _checked_output_dtype(codes, scales, dtype):
         raise ValueError(f"dequantize scales are on {scales.device} but the codes on {codes.device}; "
                          "pass both on the same device")
     check_wire_tensors(codes, scales)
-    dtype = DEFAULT_DEQUANT_DTYPE if dtype is None else dtype
-    check_float_dtype(dtype, "dequantize output")
+    if dtype is None:
+        return DEFAULT_DEQUANT_DTYPE
+    if dtype not in SUPPORTED_DTYPES:
+        check_float_dtype(dtype, "dequantize output")
     return dtype
 
 
@@ -62,15 +89,16 @@ def dequantize(codes, scales, dtype=None, group_size=None, block_numel=None, bac
     - neither: one quantized buffer, in ``group_layout(codes.numel())`` if that has S groups, else S equal groups.
     """
     dtype = _checked_output_dtype(codes, scales, dtype)
-    flat_scales = scales.reshape(-1).contiguous()
-    group_size, block_numel = _dequantize_layout(codes.numel(), flat_scales.numel(), group_size, block_numel)
-    if codes.numel() == 0:
+    numel = codes.numel()
+    group_size, block_numel = _dequantize_layout(numel, scales.numel(), group_size, block_numel)
+    if numel == 0:
         return torch.empty(codes.shape, dtype=dtype, device=codes.device)
     impl = resolve_backend(backend, codes.device)
-    out = impl.dequantize(codes.contiguous().view(-1), flat_scales, group_size, dtype, block_numel)
-    return out.view(codes.shape)
+    return impl.dequantize(codes if codes.is_contiguous() else codes.contiguous(),
+                           scales if scales.is_contiguous() else scales.contiguous(), group_size, dtype, block_numel)
 
 
+@_memoised
 def _dequantize_layout(numel, num_groups, group_size, block_numel):
     """(group size, block numel) for the backends; the block numel is None when every group has the group size (the
     backends' fast path): one block, or blocks that split into equal groups."""

@@ -10,6 +10,8 @@ BACKENDS = ("auto", "torch", "cuda", "deepspeed")
 _MODULES = {"torch": "torch_ref", "cuda": "cuda", "deepspeed": "deepspeed_op"}
 _warned_fallback = False
 
+_resolved = {}  # (name, device type) -> module: the choice never changes once made (load_error is computed once)
+
 
 def _load(name):
     return importlib.import_module(f"{__name__}.{_MODULES[name]}")
@@ -21,7 +23,19 @@ def check_backend_name(name):
 
 
 def resolve_backend(name, device):
-    """Return the backend module for ``name`` on ``device`` (a torch.device)."""
+    """Return the backend module for ``name`` on ``device`` (a torch.device). On the hot path: one dictionary lookup
+    after the first call for a (name, device type)."""
+    key = (name, device.type)
+    try:
+        module = _resolved.get(key)
+    except TypeError:  # an unhashable name: the check says what is accepted
+        check_backend_name(name)
+    if module is None:
+        module = _resolved[key] = _resolve(name, device)
+    return module
+
+
+def _resolve(name, device):
     global _warned_fallback
     check_backend_name(name)
     if name != "auto":
