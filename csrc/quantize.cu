@@ -20,7 +20,10 @@ namespace {
 constexpr int kLoads = 4;  // 16-byte loads in flight per thread; fewer measured slower on an H200
 constexpr int kMaxThreads = 1024;
 constexpr int kMinThreads = 32;
-constexpr int kWarpBlockThreads = 256;  // the warp kernel: 8 groups per block
+#ifndef DSZPP_WARP_BLOCK_THREADS
+#define DSZPP_WARP_BLOCK_THREADS 256
+#endif
+constexpr int kWarpBlockThreads = DSZPP_WARP_BLOCK_THREADS;  // the warp kernel: one group per 32 threads
 #ifndef DSZPP_WARP_MAX_LOADS
 #define DSZPP_WARP_MAX_LOADS 16
 #endif

@@ -108,7 +108,10 @@ def driver_version():
 
 
 def commit():
-    """The checkout's commit, marked "+dirty" when tracked files differ from it, or "unknown" outside git."""
+    """The commit measured: $BENCH_COMMIT when set (a copy of the tree on another machine may carry stale git
+    metadata), else the checkout's, marked "+dirty" when tracked files differ from it, or "unknown" outside git."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
 
     def git(*args):
         return subprocess.run(["git", "-C", str(PACKAGE_PARENT), *args], capture_output=True, text=True).stdout

@@ -21,8 +21,8 @@ def quantize(x, groups=None, backend="auto"):
     The groups are ``group_layout(x.numel())`` when ``groups`` is None or that layout's own count; any other
     ``groups`` must divide ``x.numel()`` and gives equal groups (DeepSpeed's op's meaning of the argument).
     """
-    _check_tensor(x, "quantize input")
-    if x.dtype not in SUPPORTED_DTYPES:
+    if not (isinstance(x, torch.Tensor) and x.dtype in SUPPORTED_DTYPES and not x.is_meta):
+        _check_tensor(x, "quantize input")
         check_float_dtype(x.dtype, "quantize input")
     layout = group_layout(x.numel()) if groups is None else _explicit_layout(x.numel(), groups)
     impl = resolve_backend(backend, x.device)
@@ -64,18 +64,19 @@ def _check_tensor(value, what):
         raise ValueError(f"{what} is on the meta device, which holds no values; pass a tensor on a real device")
 
 
-def _checked_output_dtype(codes, scales, dtype):
+_OUTPUT_DTYPES = SUPPORTED_DTYPES + (None, )
+
+
+def _check_dequantize_inputs(codes, scales, dtype):
+    """Raise the error that names what is wrong with dequantize's arguments (the slow path of its checks)."""
     _check_tensor(codes, "dequantize codes")
     _check_tensor(scales, "dequantize scales")
     if scales.device != codes.device:
         raise ValueError(f"dequantize scales are on {scales.device} but the codes on {codes.device}; "
                          "pass both on the same device")
     check_wire_tensors(codes, scales)
-    if dtype is None:
-        return DEFAULT_DEQUANT_DTYPE
-    if dtype not in SUPPORTED_DTYPES:
+    if dtype is not None:
         check_float_dtype(dtype, "dequantize output")
-    return dtype
 
 
 def dequantize(codes, scales, dtype=None, group_size=None, block_numel=None, backend="auto"):
@@ -88,12 +89,20 @@ def dequantize(codes, scales, dtype=None, group_size=None, block_numel=None, bac
     - ``group_size=E``: contiguous groups of E elements; the codes may be a prefix of S * E.
     - neither: one quantized buffer, in ``group_layout(codes.numel())`` if that has S groups, else S equal groups.
     """
-    dtype = _checked_output_dtype(codes, scales, dtype)
+    # The common case in one expression of cheap tests (the same conditions as the slow path's, which then names
+    # the problem): int8 codes, fp32 scales [S] or [S, 1] with S >= 1 on the codes' device, a supported dtype.
+    device = codes.device if isinstance(codes, torch.Tensor) else None
+    if not (device is not None and isinstance(scales, torch.Tensor) and codes.dtype is torch.int8
+            and scales.dtype is torch.float32 and dtype in _OUTPUT_DTYPES and not codes.is_meta
+            and 0 < scales.dim() <= 2 and scales.numel() == scales.shape[0] > 0 and scales.device == device):
+        _check_dequantize_inputs(codes, scales, dtype)
+    if dtype is None:
+        dtype = DEFAULT_DEQUANT_DTYPE
     numel = codes.numel()
     group_size, block_numel = _dequantize_layout(numel, scales.numel(), group_size, block_numel)
     if numel == 0:
-        return torch.empty(codes.shape, dtype=dtype, device=codes.device)
-    impl = resolve_backend(backend, codes.device)
+        return torch.empty(codes.shape, dtype=dtype, device=device)
+    impl = resolve_backend(backend, device)
     return impl.dequantize(codes if codes.is_contiguous() else codes.contiguous(),
                            scales if scales.is_contiguous() else scales.contiguous(), group_size, dtype, block_numel)
 
@@ -131,7 +140,8 @@ def dequantize_segments(codes, scales, block_numels, dtype=None, backend="auto")
     """Dequantize buffers that were quantized one by one and concatenated: ``block_numels`` lists their element
     counts in buffer order, each buffer in its own ``group_layout``. DeepSpeed's coalesced MixZ++ gather
     concatenates stored partitions so."""
-    dtype = _checked_output_dtype(codes, scales, dtype)
+    _check_dequantize_inputs(codes, scales, dtype)
+    dtype = DEFAULT_DEQUANT_DTYPE if dtype is None else dtype
     flat_codes, flat_scales = codes.contiguous().view(-1), scales.reshape(-1)
     if not isinstance(block_numels, (tuple, list)) or not all(_count(n) for n in block_numels):
         raise ValueError(f"block_numels must be a list of non-negative ints, got {block_numels!r}")
