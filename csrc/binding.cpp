@@ -48,20 +48,12 @@ void check_contiguous_cuda(const at::Tensor& t, const char* what)
     require(t.is_contiguous(), what, " must be contiguous");
 }
 
-#ifndef DSZPP_FAST_EMPTY
-#define DSZPP_FAST_EMPTY 1
-#endif
-
 // The int8 outputs come straight from the CUDA caching allocator (at::detail::empty_cuda) instead of through the
 // operator dispatcher (at::empty): the same tensor for a fraction of a microsecond less, on a path ZeRO-3 takes for
 // every gathered parameter or bucket.
 at::Tensor empty_on(const at::Tensor& like, at::IntArrayRef sizes, at::ScalarType type)
 {
-#if DSZPP_FAST_EMPTY
     return at::Tensor(at::detail::empty_cuda(sizes, type, like.device(), std::nullopt));
-#else
-    return at::empty(sizes, like.options().dtype(type));
-#endif
 }
 
 at::ScalarType scalar_type_of(int64_t format_id)

@@ -17,16 +17,7 @@ namespace dszpp {
 namespace {
 
 constexpr int kThreads = 256;
-#ifndef DSZPP_DEQUANT_UNROLL
-#define DSZPP_DEQUANT_UNROLL 4
-#endif
-#ifndef DSZPP_DEQUANT_CODES
-#define DSZPP_DEQUANT_CODES 0
-#endif
-constexpr int kUnroll = DSZPP_DEQUANT_UNROLL;
-// Codes per packet on the aligned path: 16 (one 16-byte load of codes, several 16-byte stores of output) or 0 for
-// one 16-byte store of output per packet (8 or 4 codes).
-constexpr int kCodesPerPacket = DSZPP_DEQUANT_CODES;
+constexpr int kUnroll = 4;  // measured against 2 and 8, and against 16 codes per packet (uncoalesced stores)
 
 template <typename Index>
 __device__ __forceinline__ Index smaller(Index a, Index b)
@@ -127,7 +118,7 @@ void launch(const int8_t* codes,
             cudaStream_t stream)
 {
     using Bits = typename Fmt::Bits;
-    constexpr int kVec = kCodesPerPacket > 0 ? kCodesPerPacket : 16 / sizeof(Bits);
+    constexpr int kVec = 16 / sizeof(Bits);
     if (numel == 0) return;
     const bool aligned = reinterpret_cast<uintptr_t>(codes) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
     // 32-bit indices (cheaper division) while neither packet index arithmetic nor the layout's sizes overflow them.

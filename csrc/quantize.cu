@@ -1,6 +1,10 @@
-// Symmetric int8 quantization, one thread block per contiguous group; the last group may be shorter (grouping.py).
+// Symmetric int8 quantization of contiguous groups; the last group may be shorter (grouping.py).
 //
-// A block reads its group once into registers (kLoads 16-byte loads per thread: up to 64 KiB per group at 1024
+// Groups of up to 16 packets per lane of a warp (4096 16-bit or 2048 32-bit elements: DeepSpeed's usual groups) take
+// one warp each; larger groups one thread block each. Either way a group is read once into registers, its exact
+// absmax reduced (warp shuffles; plus shared memory and one barrier in a block), and its codes written from registers.
+//
+// In the block kernel, a block reads its group once into registers (kLoads 16-byte loads per thread: up to 64 KiB per group at 1024
 // threads, four times DeepSpeed's largest group), reduces the exact absmax, then writes the codes from registers:
 // input bytes cross the memory bus once. Larger groups (only an explicit group count makes them) take a second pass
 // over the input, which then mostly hits L2. Whatever the group size, the aligned interior of a group moves in 16-byte
@@ -20,14 +24,9 @@ namespace {
 constexpr int kLoads = 4;  // 16-byte loads in flight per thread; fewer measured slower on an H200
 constexpr int kMaxThreads = 1024;
 constexpr int kMinThreads = 32;
-#ifndef DSZPP_WARP_BLOCK_THREADS
-#define DSZPP_WARP_BLOCK_THREADS 256
-#endif
-constexpr int kWarpBlockThreads = DSZPP_WARP_BLOCK_THREADS;  // the warp kernel: one group per 32 threads
-#ifndef DSZPP_WARP_MAX_LOADS
-#define DSZPP_WARP_MAX_LOADS 16
-#endif
-constexpr int kWarpMaxLoads = DSZPP_WARP_MAX_LOADS;  // packets per lane the warp kernel keeps (0: block kernel only)
+// The warp kernel: 4 groups per block (measured ahead of 8 at 16M elements in 4096-element groups: a shorter tail),
+// up to 16 packets kept per lane (groups up to 4096 16-bit or 2048 32-bit elements; longer ones need the block).
+constexpr int kWarpBlockThreads = 128;
 
 __device__ __forceinline__ uint32_t warp_max(uint32_t v)
 {
@@ -256,16 +255,11 @@ void launch_with(const typename Fmt::Bits* input,
 {
     // A group's body spans at most group_size / VEC packets (fewer when it does not start on a packet boundary).
     const int64_t per_lane = (group_size / VEC + 31) / 32;
-    if (kWarpMaxLoads >= 1 && per_lane <= 1)
-        return launch_warps<Fmt, VEC, 1>(input, codes, scales, groups, group_size, numel, stream);
-    if (kWarpMaxLoads >= 2 && per_lane <= 2)
-        return launch_warps<Fmt, VEC, 2>(input, codes, scales, groups, group_size, numel, stream);
-    if (kWarpMaxLoads >= 4 && per_lane <= 4)
-        return launch_warps<Fmt, VEC, 4>(input, codes, scales, groups, group_size, numel, stream);
-    if (kWarpMaxLoads >= 8 && per_lane <= 8)
-        return launch_warps<Fmt, VEC, 8>(input, codes, scales, groups, group_size, numel, stream);
-    if (kWarpMaxLoads >= 16 && per_lane <= 16)
-        return launch_warps<Fmt, VEC, 16>(input, codes, scales, groups, group_size, numel, stream);
+    if (per_lane <= 1) return launch_warps<Fmt, VEC, 1>(input, codes, scales, groups, group_size, numel, stream);
+    if (per_lane <= 2) return launch_warps<Fmt, VEC, 2>(input, codes, scales, groups, group_size, numel, stream);
+    if (per_lane <= 4) return launch_warps<Fmt, VEC, 4>(input, codes, scales, groups, group_size, numel, stream);
+    if (per_lane <= 8) return launch_warps<Fmt, VEC, 8>(input, codes, scales, groups, group_size, numel, stream);
+    if (per_lane <= 16) return launch_warps<Fmt, VEC, 16>(input, codes, scales, groups, group_size, numel, stream);
     const int threads = threads_for((group_size + VEC - 1) / VEC);
     quantize_kernel<Fmt, VEC><<<groups, threads, 0, stream>>>(input, codes, scales, group_size, numel);
 }
