@@ -96,6 +96,7 @@ def parse_args(argv=None):
                         action="store_true",
                         help="CPU over gloo, tiny GPT: " + ", ".join(f"{k} {v}" for k, v in SMOKE.items()))
     parser.add_argument("--commit", help="the commit measured, where the tree is not a git checkout")
+    parser.add_argument("--render", type=Path, help="only rewrite NAME.md and .png from this NAME.json")
     args = parser.parse_args(argv)
     if args.smoke:  # the tiny sizes become the defaults: what the command line names still counts
         parser.set_defaults(device="cpu", **SMOKE)
@@ -104,7 +105,7 @@ def parse_args(argv=None):
     args.name = args.name or ("e2e_smoke" if args.smoke else f"e2e_{args.link}")
     if args.reps < 0 or args.steps < 1 or args.warmup < 0:
         parser.error("--reps must be >= 0, --steps >= 1, --warmup >= 0")
-    if args.device != "cpu" and not all(os.environ.get(key) for key in REQUIRED_ENV):
+    if args.device != "cpu" and not args.render and not all(os.environ.get(key) for key in REQUIRED_ENV):
         parser.error(f"set {', '.join(REQUIRED_ENV)} first (source benchmarks/gpu_env.sh)")
     return args
 
@@ -171,36 +172,25 @@ def summarize(args, reps):
         ok = [run for run in runs if run and "step_ms" in run]
         medians = [median_ms(run, args.warmup) for run in ok]
         counts = ok[0]["counts"] if ok else {}
-        summary[key] = {
-            "label":
-            CONFIGS[key][0],
-            "rep_medians_ms":
-            medians,
-            "median_ms":
-            statistics.median(medians) if medians else None,
-            "min_ms":
-            min(medians, default=None),
-            "max_ms":
-            max(medians, default=None),
-            "errors": [run.get("error", "no result") if run else "not run" for run in runs if run not in ok],
-            "weight_gathers_quantized":
-            counts.get("quantized_bucket_gathers", 0) + counts.get("quantized_single_gathers", 0),
-            "gradient_reductions_quantized":
-            counts.get("quantized_gradient_reductions", 0),
-            "peak_memory_gb":
-            max((run.get("peak_memory_gb", 0) for run in ok), default=None),
-            "memory_at_start_gb":
-            max((run.get("memory_at_start_gb", 0) for run in ok), default=None),
-            "losses_first_rep":
-            ok[0]["losses"] if ok else [],
-        }
+        entry = dict(label=CONFIGS[key][0], rep_medians_ms=medians, median_ms=None, min_ms=None, max_ms=None)
+        if medians:
+            entry.update(median_ms=statistics.median(medians), min_ms=min(medians), max_ms=max(medians))
+        entry["errors"] = [run.get("error", "no result") if run else "not run" for run in runs if run not in ok]
+        entry["weight_gathers_quantized"] = sum(
+            counts.get(k, 0) for k in ("quantized_bucket_gathers", "quantized_single_gathers"))
+        entry["gradient_reductions_quantized"] = counts.get("quantized_gradient_reductions", 0)
+        for memory in ("peak_memory_gb", "memory_at_start_gb"):  # on CUDA only
+            entry[memory] = max((run[memory] for run in ok if memory in run), default=None)
+        entry["losses_first_rep"] = ok[0]["losses"] if ok else []
         options = CONFIGS[key][2]
-        missing = [
-            what for what, wanted, count in (("weights", options.get("quantized"), "weight_gathers_quantized"),
-                                             ("gradients", options.get("quantized_gradients"),
-                                              "gradient_reductions_quantized")) if wanted and not summary[key][count]
+        wanted = {
+            "weights": ("quantized", "weight_gathers_quantized"),
+            "gradients": ("quantized_gradients", "gradient_reductions_quantized")
+        }
+        entry["not_quantized"] = [
+            what for what, (option, count) in wanted.items() if ok and options.get(option) and not entry[count]
         ]
-        summary[key]["not_quantized"] = missing if ok else []
+        summary[key] = entry
     return summary
 
 
@@ -434,8 +424,8 @@ def write(args, reps, env, commit):
         "model":
         dict(layers=args.layers, width=args.width, heads=args.heads, vocab=args.vocab, parameters=parameters(args)),
         "settings": {
-            k: getattr(args, k)
-            for k in ("seq", "batch", "dtype", "lr", "steps", "warmup", "reps", "configs")
+            k: str(v) if isinstance(v, Path) else v
+            for k, v in vars(args).items()
         },
         "summary":
         summary,
@@ -476,8 +466,21 @@ def profile(args, left):
     log(f"wrote {args.out / (args.name + '_profile.md')} and the trace")
 
 
+def render(args):
+    """NAME.md and .png again from NAME.json, e.g. on a machine with matplotlib."""
+    saved = json.loads(args.render.read_text())
+    for key, value in saved["settings"].items():
+        if key not in ("out", "name", "render"):
+            setattr(args, key, value)
+    args.out, args.name = args.render.parent, args.render.stem
+    _, plotted = write(args, saved["reps"], saved["environment"], saved["commit"])
+    log(f"wrote {args.out / args.name}.md{' and .png' if plotted else ' (no matplotlib: no .png)'}")
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.render:
+        return render(args)
     commit = git_commit(args)
     env = environment(args)
     log(f"{args.name}: {args.link} link, {', '.join(args.configs)}; {args.reps} x ({args.warmup} + {args.steps} "
