@@ -87,7 +87,7 @@ def parse_args(argv=None):
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--deadline",
                         type=float,
-                        default=560,
+                        default=540,
                         help="seconds from start: no job starts that the "
                         "last repetition's duration says would end later, and a running one is stopped there")
     parser.add_argument("--profile", choices=CONFIGS, help="also profile 3 steps of this configuration on rank 0")
@@ -152,7 +152,10 @@ def prebuild():
 
     def build(code):
         start = time.monotonic()
-        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=400)
+        try:
+            done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+        except subprocess.TimeoutExpired:
+            return time.monotonic() - start, "timeout", "no build within 240 s"
         return time.monotonic() - start, done.returncode, (done.stdout + done.stderr)[-600:]
 
     with concurrent.futures.ThreadPoolExecutor(len(codes)) as pool:
@@ -496,12 +499,14 @@ def main(argv=None):
             break
         log(f"repetition {rep + 1}/{args.reps} ({left:.0f} s left)")
         start = time.monotonic()
+        # A hung run (a rank stuck in a collective) must not use up the time left: twice the last repetition.
+        timeout = left if last is None else min(left, 2 * last + 60)
         try:
-            out = job(args, [run_of(key) for key in args.configs], timeout=max(30, int(left)))
+            out = job(args, [run_of(key) for key in args.configs], timeout=max(30, int(timeout)))
             reps.append(out)
-        except launch.JobFailed as error:
-            reps.append({"runs": {}, "job_error": str(error)[-4000:]})
-            log(f"repetition {rep + 1} failed: {str(error)[:2000]}")
+        except launch.JobFailed as error:  # keep the runs it finished
+            reps.append(dict(error.partial or {"runs": {}}, job_error=str(error)[-4000:]))
+            log(f"repetition {rep + 1} failed: {str(error)[-3000:]}")
         last = time.monotonic() - start
         for key, run in reps[-1]["runs"].items():
             if "error" in run:

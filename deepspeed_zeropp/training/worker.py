@@ -584,6 +584,12 @@ def train(run, spec, rank):
     return result
 
 
+def write_results(results, path):
+    with open(path + ".tmp", "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
 def main(spec_path):
     with open(spec_path) as f:
         spec = json.load(f)
@@ -612,10 +618,12 @@ def main(spec_path):
                 "traceback": traceback.format_exc()[-3000:]
             }
             break  # ranks may now disagree on collectives; stop here
+        finally:
+            if rank == 0:  # after every run: a job stopped later still reports the runs it finished
+                write_results(results, spec["out"])
         release_memory()
     if rank == 0:
-        with open(spec["out"], "w") as f:
-            json.dump(results, f, indent=1)
+        write_results(results, spec["out"])
 
 
 if __name__ == "__main__":
