@@ -1,14 +1,58 @@
-# Sourced by the GPU scripts (from the repository root, on a GPU host without a package index): installs the
-# DeepSpeed wheels (0.19.8, or DS_VERSION) from .whl/ (made by ../shared/tools/gpu-wheels.sh) once under /tmp/gt and exports the
-# environment every GPU run here needs. TORCH_CUDA_ARCH_LIST=9.0: DeepSpeed's import and quantizer build fail on
-# torch >= 2.11's default arch list; NVLink multicast off (see the device notes).
-W=/tmp/gt
-OUTDIR=${OUT:-$W/out}
-mkdir -p "$W" "$OUTDIR"
-export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
-    NVSHMEM_DISABLE_NVLS=1 TORCH_EXTENSIONS_DIR=$W/tx
-pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$@"; }
-[ -d $W/site ] || pipi $W/site .whl/deps/*.whl
-DS_VERSION=${DS_VERSION:-0.19.8}  # another release: its wheels in .whl/ds-VERSION/
-[ -d $W/ds-$DS_VERSION ] || pipi $W/ds-$DS_VERSION .whl/ds-$DS_VERSION/*.whl
-export PYTHONPATH=$PWD:$W/ds-$DS_VERSION:$W/site
+# The environment of every GPU script here; source it from the repository root: `source benchmarks/gpu_env.sh`.
+#
+# DeepSpeed: the installed one when python3 imports it and DS_VERSION is unset; otherwise DeepSpeed DS_VERSION (default:
+# the newest in the wheels directory) from wheels, installed once with pip --target under the work directory. Wheels
+# directory: ZEROPP_WHEELS (default .whl), holding deps/*.whl (DeepSpeed's pure-Python dependencies) and
+# ds-VERSION/*.whl; a host without a package index gets them from one with, see benchmarks/README.md.
+# Work directory: ZEROPP_WORK (default ${TMPDIR:-/tmp}/deepspeed_zeropp_gpu): installed wheels, torch extension
+# builds (one folder per DeepSpeed release: builds of its op must not mix), and OUTDIR (default $OUT, else out/).
+#
+# Exports: PYTHONPATH (this checkout first), TORCH_EXTENSIONS_DIR, TORCH_CUDA_ARCH_LIST (the GPU's own compute
+# capability unless set: DeepSpeed's import and op build fail on torch >= 2.11's default list), NVLink multicast off
+# (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1: hosts that lend GPUs to isolated
+# jobs may not allow it) and PYTHONUNBUFFERED=1.
+ZEROPP_WORK=${ZEROPP_WORK:-${TMPDIR:-/tmp}/deepspeed_zeropp_gpu}
+ZEROPP_WHEELS=${ZEROPP_WHEELS:-.whl}
+OUTDIR=${OUT:-$ZEROPP_WORK/out}
+mkdir -p "$ZEROPP_WORK" "$OUTDIR"
+
+_zeropp_install() {  # TARGET WHEEL...: once per target; a .done marker, so an interrupted install is redone
+    local target=$1
+    shift
+    [ -f "$target.done" ] && return 0
+    [ -e "$1" ] || { echo "gpu_env.sh: no wheels for $target ($1 missing)" >&2; return 1; }
+    rm -rf "$target"
+    PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$target" "$@" &&
+        touch "$target.done"
+}
+
+if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then  # before DeepSpeed's first import
+    TORCH_CUDA_ARCH_LIST=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1)
+fi
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+_zeropp_path=$PWD
+_zeropp_failed=
+if [ -z "${DS_VERSION:-}" ] && python3 -c "import deepspeed" > /dev/null 2>&1; then
+    DS_VERSION=$(python3 -c "from importlib.metadata import version; print(version('deepspeed'))")
+    echo "gpu_env.sh: installed DeepSpeed $DS_VERSION"
+else
+    if [ -z "${DS_VERSION:-}" ]; then
+        DS_VERSION=$(find "$ZEROPP_WHEELS" -maxdepth 1 -name 'ds-*' -printf '%f\n' 2>/dev/null | sed 's/^ds-//' |
+            sort -V | tail -n 1)
+    fi
+    if [ -z "$DS_VERSION" ]; then
+        echo "gpu_env.sh: DeepSpeed is not importable and $ZEROPP_WHEELS has no ds-VERSION/ wheels" >&2
+        _zeropp_failed=1
+    else
+        { _zeropp_install "$ZEROPP_WORK/site" "$ZEROPP_WHEELS"/deps/*.whl &&
+            _zeropp_install "$ZEROPP_WORK/ds-$DS_VERSION" "$ZEROPP_WHEELS/ds-$DS_VERSION"/*.whl &&
+            echo "gpu_env.sh: DeepSpeed $DS_VERSION from $ZEROPP_WHEELS"; } || _zeropp_failed=1
+        _zeropp_path=$_zeropp_path:$ZEROPP_WORK/ds-$DS_VERSION:$ZEROPP_WORK/site
+    fi
+fi
+export PYTHONPATH=$_zeropp_path${PYTHONPATH:+:$PYTHONPATH}
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$ZEROPP_WORK/tx-$DS_VERSION}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export OUTDIR DS_VERSION ZEROPP_WORK
+unset _zeropp_path
+[ -z "$_zeropp_failed" ]  # the status of `source`: non-zero when DeepSpeed could not be set up

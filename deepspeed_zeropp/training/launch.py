@@ -17,7 +17,8 @@ def _free_port():
 
 
 class JobFailed(RuntimeError):
-    pass
+    """``partial``: rank 0's results of the runs it finished (None if it wrote none)."""
+    partial = None
 
 
 def release_shared_memory(port):
@@ -93,6 +94,10 @@ def run_job(spec, world_size=2, timeout=600, env=None, device="cpu", local_size=
         log.close()
     if hung or any(p.returncode != 0 for p in procs) or not os.path.exists(spec["out"]):
         reason = f"timed out after {timeout}s" if hung else "a rank failed"
-        raise JobFailed(f"harness job {reason}:\n" + "\n".join(tails))
+        failed = JobFailed(f"harness job {reason}:\n" + "\n".join(tails))
+        if os.path.exists(spec["out"]):
+            with open(spec["out"]) as f:
+                failed.partial = json.load(f)
+        raise failed
     with open(spec["out"]) as f:
         return json.load(f)

@@ -57,6 +57,29 @@ def gpt2(dtype):
     return GPT2LMHeadModel(GPT2Config(n_positions=GPT2_SEQ)).to(dtype)
 
 
+def gpt(dtype, layers=24, width=2048, heads=16, seq=512, vocab=50304):
+    """A GPT-2-architecture model of any size from a config, without dropout; the defaults make 1.3B parameters,
+    for step times that the GPU, not the host, bounds. The vocabulary is GPT-2's padded to a multiple of 64, as
+    is usual for speed; an odd one would also stop upstream's qgZ, whose one scale per embedding row cannot be
+    split over 2 nodes. Embeddings get GPT-2's initial scale (std 0.02) also when built under zero.Init, where the
+    library's own initialisation after construction sees empty partitions."""
+    import deepspeed
+    from transformers import GPT2Config, GPT2LMHeadModel
+    config = GPT2Config(vocab_size=vocab,
+                        n_layer=layers,
+                        n_embd=width,
+                        n_head=heads,
+                        n_positions=seq,
+                        resid_pdrop=0.0,
+                        embd_pdrop=0.0,
+                        attn_pdrop=0.0)
+    model = GPT2LMHeadModel(config).to(dtype)
+    for embedding in (model.transformer.wte, model.transformer.wpe):
+        with deepspeed.zero.GatheredParameters([embedding.weight], modifier_rank=0):  # a no-op when not partitioned
+            torch.nn.init.normal_(embedding.weight, std=config.initializer_range)
+    return model
+
+
 def llama_lora(dtype):
     """A small Llama-architecture model from a LlamaConfig with PEFT LoRA adapters on q/v projections: the
     base is ``dtype`` and frozen by PEFT, the adapters keep PEFT's default dtype (fp32)."""
@@ -102,20 +125,23 @@ BUILDERS = {
     "mixed": lambda dtype: MixedMLP(),
     "padded": lambda dtype: MixedMLP().to(dtype),  # MixedMLP's padded partitions, one dtype throughout
     "gpt2": gpt2,
+    "gpt": gpt,
     "gpt2_bytes": gpt2_bytes,
     "llama_lora": llama_lora
 }
-CAUSAL_LM = {"gpt2": (50257, GPT2_SEQ), "llama_lora": (VOCAB, SEQ)}
+CAUSAL_LM = {"gpt2": (50257, GPT2_SEQ), "gpt": (50304, 512), "llama_lora": (VOCAB, SEQ)}
 
 
-def build(name, dtype):
+def build(name, dtype, **options):
+    """``options``: the builder's own size arguments (``gpt`` only)."""
     if name not in BUILDERS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(BUILDERS)}")
-    return BUILDERS[name](dtype)
+    return BUILDERS[name](dtype, **options)
 
 
-def batch(model, step, rank, batch_size=4):
-    """The same batch for the same (model, step, rank) in every run, quantized or not."""
+def batch(model, step, rank, batch_size=4, **options):
+    """The same batch for the same (model, step, rank) in every run, quantized or not; ``options`` as for
+    :func:`build` (``vocab`` and ``seq`` there set the token range and sequence length here)."""
     generator = torch.Generator().manual_seed(1000 * step + rank)
     if model == "gpt2_bytes":  # random windows of the corpus
         tokens, _ = corpus()
@@ -124,6 +150,7 @@ def batch(model, step, rank, batch_size=4):
         return {"input_ids": input_ids, "labels": input_ids}
     if model in CAUSAL_LM:  # arithmetic progressions of token ids: learnable, so the loss falls
         vocab, seq = CAUSAL_LM[model]
+        vocab, seq = options.get("vocab", vocab), options.get("seq", seq)
         start = torch.randint(0, vocab, (batch_size, 1), generator=generator)
         stride = torch.randint(1, 64, (batch_size, 1), generator=generator)
         input_ids = (start + stride * torch.arange(seq)) % vocab

@@ -14,7 +14,7 @@ from . import models
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 
 
-def ds_config(run, dtype):
+def ds_config(run, dtype, batch_size=4):
     zero = {
         "stage": 3,
         "stage3_param_persistence_threshold": 0,  # every parameter is gathered, so every one is quantized
@@ -43,7 +43,7 @@ def ds_config(run, dtype):
     if run.get("offload_optimizer"):
         zero["offload_optimizer"] = {"device": run["offload_optimizer"]}
     config = {
-        "train_micro_batch_size_per_gpu": 4,
+        "train_micro_batch_size_per_gpu": batch_size,
         "gradient_accumulation_steps": 1,
         "zero_optimization": zero,
         "bf16": {
@@ -128,18 +128,19 @@ class ForwardChecks:
     the originals within the int8 bound wherever they cannot have been trained yet (frozen, or before step 1)."""
 
     def __init__(self, model, originals=None):
-        """``originals``: full values by parameter, for models already partitioned at construction."""
+        """``originals``: full values by parameter, for models already partitioned at construction. Without a
+        model nothing is expected (step-time runs: no full-precision copy of a model that may fill the device)."""
         originals = originals or {}
         self.expected = {
             p: (n, p.dtype, originals.get(p, p).detach().float().clone(), p.requires_grad)
-            for n, p in model.named_parameters()
+            for n, p in (model.named_parameters() if model is not None else ())
         }
         self.checks = 0
         self.dtype_errors = []
         self.value_errors = []
         self.max_rel_error = 0.0
         self.trained = False
-        self.largest = max(original.abs().max().item() for _, _, original, _ in self.expected.values())
+        self.largest = max((original.abs().max().item() for _, _, original, _ in self.expected.values()), default=0.0)
 
     def hook(self, module, inputs):
         for param in module.parameters(recurse=False):
@@ -174,16 +175,23 @@ def apply_patch(spec, run):
 
 
 def build_model(spec, run):
-    """The model, built plainly or under ``zero.Init()`` without a config (partitioned at construction), and a
-    full copy of its initial parameters for the value checks."""
+    """The model, built plainly or under ``zero.Init`` (partitioned at construction): without a config, or with
+    the run's DeepSpeed config for ``zero_init: "config"`` (as users build for ZeRO++: unpatched DeepSpeed sets up
+    its weight quantizer only there); and the value checks' maker, with a full copy of the initial parameters
+    unless checks are off."""
     import deepspeed
     torch.manual_seed(spec.get("seed", 0))
     # A bf16 model may train under an fp32 config; a run may train in another dtype than the job's.
     dtype = DTYPES[run.get("dtype") or spec.get("model_dtype", spec["dtype"])]
+    checked = spec.get("checks", True)
     if not run.get("zero_init"):
-        return models.build(spec["model"], dtype), ForwardChecks
-    with deepspeed.zero.Init():
-        model = models.build(spec["model"], dtype)
+        return models.build(spec["model"], dtype, **spec.get("model_args", {})), ForwardChecks if checked else \
+            (lambda _: ForwardChecks(None))
+    config = ds_config(run, DTYPES[spec["dtype"]], spec.get("batch_size", 4)) if run["zero_init"] == "config" else None
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        model = models.build(spec["model"], dtype, **spec.get("model_args", {}))
+    if not checked:
+        return model, lambda _: ForwardChecks(None)
     # One parameter at a time: up to 0.19.5 Init's coalesced synchronous gather waits on its last gloo handle
     # only, so the others may still be in flight when read (seen as NaN from the deterministic-mode fill).
     originals = {}
@@ -216,16 +224,22 @@ def make_engine(spec, run, dtype):
     checks = make_checks(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=spec.get("lr", 1e-3))
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(run, dtype))
+    engine, *_ = deepspeed.initialize(model=model,
+                                      optimizer=optimizer,
+                                      config=ds_config(run, dtype, spec.get("batch_size", 4)))
     if run.get("freeze_after_init"):  # the LoRA flow upstream documents for quantize_nontrainable_params
         freeze(engine.module, run["freeze_after_init"])
         engine.optimizer.quantize_nontrainable_params()
     return engine, checks
 
 
+def batch_of(spec, step, rank):
+    return models.batch(spec["model"], step, rank, spec.get("batch_size", 4), **spec.get("model_args", {}))
+
+
 def train_step(engine, spec, step, rank):
     """One optimizer step; returns the loss averaged over ranks and the step's wall time in ms."""
-    batch = {k: v.to(engine.device) for k, v in models.batch(spec["model"], step, rank).items()}
+    batch = {k: v.to(engine.device) for k, v in batch_of(spec, step, rank).items()}
     start = time.perf_counter()
     loss = engine(**batch)["loss"]
     engine.backward(loss)
@@ -343,7 +357,7 @@ def checkpoint_round_trip(engine, spec, run, dtype, rank):
     def next_losses(trained):
         if run.get("warm_up"):  # see test_checkpoint_round_trip: a first forward gathers some weights unquantized
             with torch.no_grad():
-                trained(**{k: v.to(trained.device) for k, v in models.batch(spec["model"], steps, rank).items()})
+                trained(**{k: v.to(trained.device) for k, v in batch_of(spec, steps, rank).items()})
         torch.manual_seed(steps)  # the RNG (dropout) is not part of a checkpoint: both engines draw the same
         return [train_step(trained, spec, steps + i, rank)[0] for i in range(next_steps)]
 
@@ -468,11 +482,49 @@ def error_buffers(engine):
     }
 
 
+def start_profiler():
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiler = torch.profiler.profile(activities=activities)
+    profiler.start()
+    return profiler
+
+
+def write_profile(profiler, path):
+    """The operations and kernels of the profiled steps by their own time (device time where there is a device),
+    as a text table at ``path``, and the gzipped Chrome trace beside it."""
+    import gzip
+    import shutil
+    profiler.stop()
+    key = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    with open(path, "w") as f:
+        f.write(profiler.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=70))
+    profiler.export_chrome_trace(path + ".trace.json")
+    with open(path + ".trace.json", "rb") as raw, gzip.open(path + ".trace.json.gz", "wb") as packed:
+        shutil.copyfileobj(raw, packed)
+    os.unlink(path + ".trace.json")
+
+
+def release_memory():
+    """Free the finished run's device memory before the job's next run: a 1B-parameter engine with Adam holds
+    ~10 GB per rank, and several runs of one job would otherwise add up (the engine is only reachable through
+    reference cycles once its run returns)."""
+    import gc
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def train(run, spec, rank):
     spec = dict(spec, **{key: run[key] for key in ("dtype", "patch") if key in run})  # per-run overrides
     dtype = DTYPES[spec["dtype"]]
     apply_patch(spec, run)
     reset_hpz_group()
+    memory = {}
+    if torch.cuda.is_available():  # what earlier runs left behind, and this run's peak
+        memory["memory_at_start_gb"] = torch.cuda.memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
     work = Counters()  # from the start: partitioning happens while the engine is built
     work.install_work()
     try:
@@ -484,15 +536,21 @@ def train(run, spec, rank):
         checks.attach(engine.module)
     counters = Counters()
     counters.install()
-    losses, step_ms, written = [], [], None
+    losses, step_ms, written, profiler = [], [], None, None
+    steps = spec.get("steps", 5)
+    profile = run.get("profile") if rank == 0 else None  # {"path": table file, "steps": the last n steps}
     try:
-        for step in range(spec.get("steps", 5)):
-            if run.get("write_back") and step == spec.get("steps", 5) - 1:  # the last step's forward reads it
+        for step in range(steps):
+            if run.get("write_back") and step == steps - 1:  # the last step's forward reads it
                 written = write_back(engine, checks, rank)
+            if profile and step == steps - profile.get("steps", 3):
+                profiler = start_profiler()
             loss, ms = train_step(engine, spec, step, rank)
             losses.append(loss)
             step_ms.append(ms)
             checks.trained = True
+        if profiler:
+            write_profile(profiler, profile["path"])
         if run.get("gathered_check"):
             gathered_check(engine, checks)
         final = digest(engine) if run.get("digest") else None
@@ -512,13 +570,24 @@ def train(run, spec, rank):
         "counts": counters.counts,
         "seam_work": work.counts,
         "digest": final,
+        **memory,
     }
     for key, value in (("written", written), ("export", exported), ("checkpoint", restored)):
         if value is not None:
             result[key] = value
     if run.get("loco"):
         result["error_buffers"] = error_buffers(engine)
+    if torch.cuda.is_available():
+        result["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    if hasattr(engine, "destroy"):  # removes ZeRO-3's hooks, which keep the engine reachable
+        engine.destroy()
     return result
+
+
+def write_results(results, path):
+    with open(path + ".tmp", "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def main(spec_path):
@@ -549,9 +618,12 @@ def main(spec_path):
                 "traceback": traceback.format_exc()[-3000:]
             }
             break  # ranks may now disagree on collectives; stop here
+        finally:
+            if rank == 0:  # after every run: a job stopped later still reports the runs it finished
+                write_results(results, spec["out"])
+        release_memory()
     if rank == 0:
-        with open(spec["out"], "w") as f:
-            json.dump(results, f, indent=1)
+        write_results(results, spec["out"])
 
 
 if __name__ == "__main__":
