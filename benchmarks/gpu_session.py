@@ -28,7 +28,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
-from deepspeed_zeropp.training import launch  # noqa: E402
+from deepspeed_zeropp._harness import launch  # noqa: E402
 
 JOURNAL = None
 _journal_lock = threading.Lock()

@@ -185,7 +185,7 @@ def write_e2e(raw, out, env):
     lines = [
         "# End-to-end ZeRO-3 runs on H200 GPUs", "",
         versions_line(env) + ".", "",
-        "Harness: deepspeed_zeropp/training (worker.py: ZeRO-3, stage3_param_persistence_threshold 0 so every "
+        "Harness: deepspeed_zeropp/_harness (worker.py: ZeRO-3, stage3_param_persistence_threshold 0 so every "
         "parameter is gathered, micro-batch 4, AdamW lr 1e-3, seed 0; the same batch per step and rank in every "
         "run). BERT = the DeepSpeed #7775 shape (hidden 256, 4 layers, vocab 1025); GPT-2 = GPT-2 small from a "
         "config (12 layers, width 768, vocab 50257), sequence 256. 2 ranks. `qwZ` = zero_quantized_weights. "
