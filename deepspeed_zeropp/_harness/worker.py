@@ -15,6 +15,7 @@ launch.run_job puts their root on the ranks' PYTHONPATH) whose optional hooks th
 ``RUNNERS`` (a dict: run key -> function of the job returning the run's result) takes over runs that set one of its
 keys instead of training them, for checks that need the job's processes but no training.
 """
+import importlib
 import json
 import os
 import sys
@@ -260,10 +261,7 @@ class Job:
 class Instruments:
     """The modules named in ``spec["instruments"]`` (a module name or a list of them), imported in order."""
 
-    HOOKS = ("before_engine", "before_step", "after_training", "after_run")
-
     def __init__(self, names):
-        import importlib
         self.modules = [importlib.import_module(name) for name in instrument_names(names)]
         self.runners = {}
         for module in self.modules:
