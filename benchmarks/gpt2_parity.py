@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from deepspeed_zeropp.training.launch import run_job  # noqa: E402
+from deepspeed_zeropp._harness.launch import run_job  # noqa: E402
 
 
 def main():

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from deepspeed_zeropp.training.launch import run_job  # noqa: E402
+from deepspeed_zeropp._harness.launch import run_job  # noqa: E402
 
 CASES = [[dtype, [4096, 4096]] for dtype in ("fp16", "bf16", "fp32")] + [["bf16", [4096, 4096]]]
 
@@ -24,14 +24,16 @@ def measure():
             "time_reps": 20
         } for dtype, shape in CASES[:3]]
         runs.append({"name": "bf16 x1e6", "qgz_check": True, "cases": [CASES[3]], "scale": 1e6, "time_reps": 5})
-        job = run_job({
-            "model": "bert",
-            "dtype": "bf16",
-            "patch": patch,
-            "runs": runs
-        },
-                      device="cuda-isolated",
-                      timeout=400)
+        job = run_job(
+            {
+                "model": "bert",
+                "dtype": "bf16",
+                "patch": patch,
+                "runs": runs,
+                "instruments": "benchmarks._qgz_instruments"
+            },
+            device="cuda-isolated",
+            timeout=400)
         results[label] = {"deepspeed": job["deepspeed"], "torch": job["torch"], "runs": job["runs"]}
     return results
 

@@ -2,7 +2,7 @@
 with the patch, next to the unquantized run from the same seed. CPU by default; a GPU is used when present."""
 import time
 
-from .training.launch import JobFailed, run_job
+from ._harness.launch import JobFailed, run_job
 
 
 def _device(choice):

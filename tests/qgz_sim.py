@@ -3,12 +3,14 @@ j of every sender) around a codec module (``qgz_encode``, ``qgz_reduce_encode``,
 
 Mirrors the 4-bit path of deepspeed_zeropp.qgz step for step (for any tensor, whatever ``qgz.quantizes`` says), so
 codecs can be compared on whole reductions without processes; with ``feedbacks``, LoCo's error feedback as
-deepspeed_zeropp.loco passes it (per rank: the first quantization's and the node sum's ``Feedback``).
+deepspeed_zeropp.loco passes it (per rank: the first quantization's and the node sum's ``Feedback``). Also the test
+gradients of the qgZ and LoCo kernel tests.
 """
 import math
 
 import torch
 
+from deepspeed_zeropp.backends import torch_ref
 from deepspeed_zeropp.qgz_wire import GROUP
 
 
@@ -51,3 +53,44 @@ def reduce_scatter(gradients, local_size, codec, feedbacks=None):
         mine = min(max(numel - rank * chunk, 0), chunk)
         results.append(codec.qgz_decode_sum(received, padded, mine, factor, gradients[rank].dtype))
     return results
+
+
+def gradient(numel, dtype, seed, scale=1.0):
+    """Normal values whose 1024-value stretches span six decades (within fp16's range unless scaled)."""
+    gen = torch.Generator().manual_seed(seed)
+    stretches = math.ceil(numel / 1024)
+    magnitude = 10.0**(torch.rand(stretches, 1, generator=gen, dtype=torch.float64) * 6 - 3)
+    values = (torch.randn(stretches, 1024, generator=gen, dtype=torch.float64) * magnitude).view(-1)[:numel]
+    return (values * scale).to(dtype)
+
+
+def edge_gradient(dtype):
+    """One 256-value group per edge case: zeros, tiny, subnormal (bf16/fp32: absmax below MIN_SCALE), the dtype's
+    max, inf, NaN, exact .5 ties, one value among zeros, a constant, +-c."""
+    info = torch.finfo(dtype)
+    gen = torch.Generator().manual_seed(5)
+    noise = lambda: torch.randn(GROUP, generator=gen, dtype=torch.float64)  # noqa: E731
+    ramp = torch.arange(GROUP, dtype=torch.float64)
+    cases = [
+        torch.zeros(GROUP, dtype=torch.float64),
+        noise() * 1e-30,
+        noise() * info.tiny / 2,
+        torch.where(ramp % 3 == 0, info.max, -info.max * torch.rand(GROUP, generator=gen, dtype=torch.float64)),
+        torch.where(ramp == 7, math.inf, noise()),
+        torch.where(ramp == 0, math.nan, noise()),
+        torch.where(ramp == 0, 7.0, (ramp % 11) - 5.5),  # multiplier 1: .5 ties round half to even
+        torch.where(ramp == 100, -3.25, 0.0),
+        torch.full((GROUP, ), 0.3, dtype=torch.float64),  # decodes exactly: code 7 is the scale itself
+        torch.where(ramp % 3 == 0, -1e-3, 1e-3),
+    ]
+    return torch.cat(cases).to(dtype)
+
+
+def received_blocks(sources, rows, padded, dtype, seed):
+    """What a rank receives in an all-to-all: each source's encoded block (torch codec, CPU)."""
+    chunk = padded - 3
+    blocks = []
+    for source in range(sources):
+        x = gradient(rows * chunk, dtype, seed=seed + source, scale=1e3 if dtype != torch.float16 else 1.0)
+        blocks.append(torch_ref.qgz_encode(x, 1, rows, chunk, padded)[0])
+    return torch.stack(blocks)

@@ -4,10 +4,11 @@ Each release is installed into its own directory (``--target``, no dependencies:
 has what they need) and put first on PYTHONPATH for one pytest run. The per-test outcomes become the README's
 support table (between the ``support-table`` markers) and tests/compat/support_table.md.
 
-    python -m tests.compat.matrix [--versions 0.14.4 0.19.8] [--no-readme]
+    python -m tests.compat.matrix [--versions 0.14.4 0.19.8] [--no-readme] [--installed-junit PATH]
 
-The DeepSpeed installed in the running environment is not reinstalled: its outcomes come from the last plain
-``pytest`` run (pytest.ini writes .compat/junit-installed.xml) when that run exists, else from a fresh run.
+The DeepSpeed installed in the running environment is not reinstalled. Its outcomes come from a fresh run, or from
+the JUnit report of a whole test run with it named by ``--installed-junit`` (.ci/run passes its README test run's),
+so that run is not repeated.
 """
 import argparse
 import os
@@ -68,11 +69,12 @@ def run_tests(version, target):
     junit = CACHE / f"junit-{version}.xml"
     paths = [str(ROOT)] if target is None else [str(target), str(ROOT)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), DS_ACCELERATOR="cpu")
+    env.pop("PYTEST_ADDOPTS", None)  # the same selection and report for every release, whatever the caller's options
     # The DEEPSPEED_ZEROPP=1 launcher tests and the install test exercise the import hook and packaging, the same on
     # every release, and cost a minute each time: they run with the installed release only.
     command = [
-        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", "tests/unit",
-        "tests/multirank", "--ignore=tests/multirank/test_activation.py", "--ignore=tests/unit/test_install.py"
+        sys.executable, "-m", "pytest", "-q", f"--junitxml={junit}", "tests/unit", "tests/multirank",
+        "--ignore=tests/multirank/test_activation.py", "--ignore=tests/unit/test_install.py"
     ]
     subprocess.run(command, cwd=ROOT, env=env)
     return read_junit(junit)
@@ -118,14 +120,20 @@ def main(argv=None):
     parser.add_argument("--versions", nargs="*", default=None)
     parser.add_argument("--no-readme", action="store_true", help="write support_table.md only")
     parser.add_argument("--report-only", action="store_true", help="tabulate the last runs' results, run nothing")
+    parser.add_argument("--installed-junit",
+                        type=Path,
+                        help="JUnit report of a whole test run with the installed DeepSpeed: its row, not run again")
     args = parser.parse_args(argv)
+    if args.installed_junit and not args.installed_junit.is_file():
+        parser.error(f"--installed-junit {args.installed_junit}: no such file")
     CACHE.mkdir(exist_ok=True)
     results = {}
-    installed_junit = CACHE / "junit-installed.xml"
     for version in args.versions or versions_from_file():
         print(f"== DeepSpeed {version}", flush=True)
-        if version == installed_version():
-            results[version] = read_junit(installed_junit) if installed_junit.exists() else run_tests(version, None)
+        if version == installed_version() and args.installed_junit:
+            results[version] = read_junit(args.installed_junit)
+        elif version == installed_version() and not args.report_only:
+            results[version] = run_tests(version, None)
         elif args.report_only:
             results[version] = read_junit(CACHE / f"junit-{version}.xml")
         else:

@@ -7,8 +7,8 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from deepspeed_zeropp.training.launch import run_job  # noqa: E402
-from tests.multirank.test_training import assert_trained_like_baseline  # noqa: E402
+from deepspeed_zeropp._harness.launch import run_job  # noqa: E402
+from tests.helpers import assert_trained_like_baseline  # noqa: E402
 
 RUNS = [{
     "name": "baseline"

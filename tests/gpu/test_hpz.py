@@ -10,8 +10,8 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from deepspeed_zeropp.training.launch import run_job  # noqa: E402
-from tests.multirank.test_training import assert_trained_like_baseline, loss_tolerance  # noqa: E402
+from deepspeed_zeropp._harness.launch import run_job  # noqa: E402
+from tests.helpers import assert_trained_like_baseline, loss_tolerance  # noqa: E402
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs 4 GPUs (hpZ 2 at 4 ranks over NCCL)")
@@ -43,7 +43,8 @@ def test_hpz_four_ranks_bf16_on_gpu():
         "seed": 0,
         "steps": 4,
         "frozen": ["embeddings"],
-        "runs": runs
+        "runs": runs,
+        "instruments": "tests.harness_instruments"  # checkpoint
     }
     result = run_job(spec, world_size=4, timeout=900, device="cuda")
     assert_trained_like_baseline(result, "qwz", "quantized_bucket_gathers", steps=4)

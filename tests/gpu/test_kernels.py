@@ -12,6 +12,7 @@ from deepspeed_zeropp import ops  # noqa: E402
 from deepspeed_zeropp.backends import cuda as cuda_backend  # noqa: E402
 from deepspeed_zeropp.backends import torch_ref  # noqa: E402
 from deepspeed_zeropp.grouping import group_layout  # noqa: E402
+from tests.helpers import assert_bitwise, extension_builds  # noqa: E402,F401
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DTYPE_IDS = ("fp16", "bf16", "fp32")
@@ -20,23 +21,6 @@ DTYPE_IDS = ("fp16", "bf16", "fp32")
 # registers (second pass over the input), up to a prime of ~1M as one group.
 SHAPES = [(1, 1), (7, 1), (7, 7), (257, 1), (257, 257), (3000, 1000), (5 * 1001, 5), (16411, 1), (64 * 4096, 64),
           (8 * 8000, 8), (3 * 12288, 3), (2 * 70001, 2), (100003, 1), (1000003, 1)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def extension_builds():
-    """CUDA is here, so a build failure is a defect of this package, not a reason to skip."""
-    assert cuda_backend.load_error() is None
-
-
-def assert_bitwise(actual, expected):
-    """Equal bit patterns, with any NaN matching any NaN (the wire format only promises 'NaN')."""
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    actual, expected = actual.cpu(), expected.cpu()
-    nan = torch.isnan(actual) if actual.is_floating_point() else torch.zeros_like(actual, dtype=torch.bool)
-    assert torch.equal(nan, torch.isnan(expected) if expected.is_floating_point() else nan)
-    int_type = {1: torch.int8, 2: torch.int16, 4: torch.int32}[actual.element_size()]
-    mismatch = (actual.view(int_type) != expected.view(int_type)) & ~nan
-    assert not mismatch.any(), f"{int(mismatch.sum())} of {actual.numel()} differ, first at {mismatch.nonzero()[0]}"
 
 
 def reference_quantize(x, groups):

@@ -10,10 +10,9 @@ if not torch.cuda.is_available():
 from deepspeed_zeropp.backends import cuda as cuda_backend  # noqa: E402
 from deepspeed_zeropp.backends import torch_ref  # noqa: E402
 from deepspeed_zeropp.qgz_wire import GROUP, Feedback, weights  # noqa: E402
-from tests.gpu.test_kernels import assert_bitwise, extension_builds  # noqa: E402,F401
-from tests.gpu.test_qgz_kernels import DTYPES, edge_gradient, gradient, received_blocks  # noqa: E402
+from tests.helpers import DTYPES, assert_bitwise, extension_builds  # noqa: E402,F401
 from tests.loco_sim import feedbacks  # noqa: E402
-from tests.qgz_sim import geometry, reduce_scatter  # noqa: E402
+from tests.qgz_sim import edge_gradient, geometry, gradient, received_blocks, reduce_scatter  # noqa: E402
 
 TOPOLOGIES = [(2, 1), (3, 1), (4, 2), (6, 3), (16, 8)]
 NUMELS = [1, 100, 3 * 1001, 8 * 999 * 2, 16 * 4 * GROUP]

@@ -1,7 +1,5 @@
 """qgZ's CUDA kernels (csrc/qgz.cu) against the pure-torch codec (qgz_wire) on the CPU, bit for bit: each step on
 its own, then whole reduce-scatters of every rank simulated in one process."""
-import math
-
 import pytest
 import torch
 
@@ -11,46 +9,14 @@ if not torch.cuda.is_available():
 from deepspeed_zeropp.backends import cuda as cuda_backend  # noqa: E402
 from deepspeed_zeropp.backends import torch_ref  # noqa: E402
 from deepspeed_zeropp.qgz_wire import GROUP  # noqa: E402
-from tests.gpu.test_kernels import assert_bitwise, extension_builds  # noqa: E402,F401
-from tests.qgz_sim import geometry, reduce_scatter  # noqa: E402
+from tests.helpers import DTYPES, assert_bitwise, extension_builds  # noqa: E402,F401
+from tests.qgz_sim import edge_gradient, geometry, gradient, received_blocks, reduce_scatter  # noqa: E402
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 # (world, local_size): one rank per node (no node-local stage), and 2-8 ranks per node.
 TOPOLOGIES = [(2, 1), (3, 1), (4, 2), (6, 3), (16, 8)]
 # Chunk sizes: below one group, not a multiple of 8 values (element-wise loads), a multiple of 8 (16-byte loads),
 # whole groups, and the 4096 x 4096 gradient of the benchmark split 16 ways.
 NUMELS = [1, 100, 3 * 1001, 8 * 999 * 2, 16 * 4 * GROUP, 4096 * 4096]
-
-
-def gradient(numel, dtype, seed, scale=1.0):
-    """Normal values whose 1024-value stretches span six decades (within fp16's range unless scaled)."""
-    gen = torch.Generator().manual_seed(seed)
-    stretches = math.ceil(numel / 1024)
-    magnitude = 10.0**(torch.rand(stretches, 1, generator=gen, dtype=torch.float64) * 6 - 3)
-    values = (torch.randn(stretches, 1024, generator=gen, dtype=torch.float64) * magnitude).view(-1)[:numel]
-    return (values * scale).to(dtype)
-
-
-def edge_gradient(dtype):
-    """One 256-value group per edge case: zeros, tiny, subnormal (bf16/fp32: absmax below MIN_SCALE), the dtype's
-    max, inf, NaN, exact .5 ties, one value among zeros, a constant, +-c."""
-    info = torch.finfo(dtype)
-    gen = torch.Generator().manual_seed(5)
-    noise = lambda: torch.randn(GROUP, generator=gen, dtype=torch.float64)  # noqa: E731
-    ramp = torch.arange(GROUP, dtype=torch.float64)
-    cases = [
-        torch.zeros(GROUP, dtype=torch.float64),
-        noise() * 1e-30,
-        noise() * info.tiny / 2,
-        torch.where(ramp % 3 == 0, info.max, -info.max * torch.rand(GROUP, generator=gen, dtype=torch.float64)),
-        torch.where(ramp == 7, math.inf, noise()),
-        torch.where(ramp == 0, math.nan, noise()),
-        torch.where(ramp == 0, 7.0, (ramp % 11) - 5.5),  # multiplier 1: .5 ties round half to even
-        torch.where(ramp == 100, -3.25, 0.0),
-        torch.full((GROUP, ), 0.3, dtype=torch.float64),  # decodes exactly: code 7 is the scale itself
-        torch.where(ramp % 3 == 0, -1e-3, 1e-3),
-    ]
-    return torch.cat(cases).to(dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
@@ -76,16 +42,6 @@ def test_edge_values_and_misaligned_input_match_reference(dtype):
     base = torch.cat([x[:1], x]).cuda()
     misaligned = base[1:]  # 2 or 4 bytes past a 16-byte boundary: element-wise loads everywhere
     assert_bitwise(cuda_backend.qgz_encode(misaligned, 2, 1, chunk, padded), blocks)
-
-
-def received_blocks(sources, rows, padded, dtype, seed):
-    """What a rank receives in an all-to-all: each source's encoded block (torch codec, CPU)."""
-    chunk = padded - 3
-    blocks = []
-    for source in range(sources):
-        x = gradient(rows * chunk, dtype, seed=seed + source, scale=1e3 if dtype != torch.float16 else 1.0)
-        blocks.append(torch_ref.qgz_encode(x, 1, rows, chunk, padded)[0])
-    return torch.stack(blocks)
 
 
 @pytest.mark.parametrize("sources,rows,padded", [(1, 2, GROUP), (2, 2, 4 * GROUP), (8, 2, 1024 * GROUP),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deepspeed_zeropp.training.launch import _extensions_dir, _free_port, release_shared_memory
+from deepspeed_zeropp._harness.launch import extensions_dir, free_port, release_shared_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -30,7 +30,7 @@ def run(args, activate, timeout=600, port=None):
                DS_ACCELERATOR="cpu",
                LOCAL_SIZE="2",
                OMP_NUM_THREADS="1",
-               TORCH_EXTENSIONS_DIR=_extensions_dir(),
+               TORCH_EXTENSIONS_DIR=extensions_dir(),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env.pop("DEEPSPEED_ZEROPP", None)
     if activate:
@@ -58,7 +58,7 @@ def test_lean_and_off_unless_set():
 
 
 def test_hf_trainer_under_torchrun():
-    port = _free_port()
+    port = free_port()
     script = [
         str(BIN / "torchrun"), "--nproc_per_node", "2", f"--master_port={port}",
         str(ROOT / "examples" / "hf_trainer_bert.py"), "--deepspeed",
@@ -72,7 +72,7 @@ def test_hf_trainer_under_torchrun():
 
 
 def test_plain_script_under_deepspeed_launcher():
-    port = _free_port()
+    port = free_port()
     script = [
         str(BIN / "deepspeed"), "--num_gpus", "2", f"--master_port={port}",
         str(ROOT / "examples" / "plain_deepspeed.py"), "--deepspeed_config",

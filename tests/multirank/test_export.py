@@ -6,9 +6,8 @@ GatheredParameters(modifier_rank=0) must keep the written values; a checkpoint m
 """
 import pytest
 
-from deepspeed_zeropp.training.launch import run_job
-from tests.multirank.test_mixz import FROZEN, assert_clean
-from tests.multirank.test_training import assert_trained_like_baseline
+from deepspeed_zeropp._harness.launch import run_job
+from tests.helpers import FROZEN, assert_clean, assert_trained_like_baseline
 
 STEPS = 2
 
@@ -40,6 +39,7 @@ def bert():
         }
     ]
     spec = {"model": "bert", "dtype": "bf16", "patch": True, "steps": STEPS, "seed": 0, "frozen": FROZEN, "runs": runs}
+    spec["instruments"] = "tests.harness_instruments"  # write_back, export, checkpoint
     return run_job(spec, world_size=2, timeout=900)
 
 

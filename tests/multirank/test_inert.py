@@ -5,7 +5,7 @@ One job trains each configuration twice from the same seed, unpatched then patch
 are padded at 2 ranks: per-step losses and a digest of every final parameter must be equal."""
 import pytest
 
-from deepspeed_zeropp.training.launch import run_job
+from deepspeed_zeropp._harness.launch import run_job
 
 CONFIGS = {
     "bf16": {},
@@ -42,6 +42,7 @@ def inert(tmp_path_factory):
     for name, config in configs.items():
         runs += [dict(config, name=f"stock_{name}", patch=False, digest=True), dict(config, name=name, digest=True)]
     spec = {"model": "padded", "dtype": "bf16", "patch": True, "steps": 3, "seed": 0, "runs": runs}
+    spec["instruments"] = "tests.harness_instruments"  # digest, seam_work
     return run_job(spec, world_size=2, timeout=900)
 
 

@@ -9,7 +9,7 @@ import pytest
 from packaging.version import Version
 
 from deepspeed_zeropp.patching.sites import LOCO_SINCE, LOCO_UNTIL
-from deepspeed_zeropp.training.launch import run_job
+from deepspeed_zeropp._harness.launch import run_job
 
 DEEPSPEED = Version(Version(version("deepspeed")).base_version)
 pytestmark = pytest.mark.skipif(not Version(LOCO_SINCE) <= DEEPSPEED <= Version(LOCO_UNTIL),
@@ -38,6 +38,7 @@ def test_loco_trains_bf16_and_fp32_like_unquantized():
             "loco": loco
         }]
     spec = {"model": "bert", "dtype": "bf16", "patch": True, "steps": STEPS, "seed": 0, "runs": runs}
+    spec["instruments"] = "tests.harness_instruments"  # error_buffers
     result = run_job(spec, world_size=4, local_size=2, timeout=900)
     for dtype in ("bf16", "fp32"):
         baseline, run = result["runs"][f"baseline_{dtype}"], result["runs"][f"loco_{dtype}"]

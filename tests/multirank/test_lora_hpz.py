@@ -1,9 +1,8 @@
 """A realistic LoRA run (Llama from a config + PEFT adapters), checkpoint round trips, and hpZ at 4 ranks."""
 import pytest
 
-from deepspeed_zeropp.training.launch import run_job
-from tests.multirank.test_mixz import assert_clean
-from tests.multirank.test_training import assert_trained_like_baseline, loss_tolerance
+from deepspeed_zeropp._harness.launch import run_job
+from tests.helpers import assert_clean, assert_trained_like_baseline, loss_tolerance
 
 LORA = {"model": "llama_lora", "dtype": "fp32", "model_dtype": "bf16", "patch": True, "seed": 0}
 
@@ -29,7 +28,8 @@ def lora():
         "checkpoint": True,
         "next_steps": 3
     }]
-    return run_job(dict(LORA, steps=5, runs=runs), world_size=2, timeout=900)
+    spec = dict(LORA, steps=5, runs=runs, instruments="tests.harness_instruments")  # checkpoint
+    return run_job(spec, world_size=2, timeout=900)
 
 
 def test_lora_frozen_bf16_base_fp32_adapters(lora):
@@ -101,7 +101,8 @@ def test_hpz_four_ranks_bf16():
         "seed": 0,
         "steps": 2,
         "frozen": ["embeddings", "attention"],
-        "runs": runs
+        "runs": runs,
+        "instruments": "tests.harness_instruments"  # checkpoint
     }
     result = run_job(spec, world_size=4, timeout=900)
     assert_trained_like_baseline(result, "qwz", "quantized_bucket_gathers", steps=2)

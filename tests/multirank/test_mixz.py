@@ -6,20 +6,14 @@ garbage cannot hide behind a loss. Each defect fix also has a run with its site 
 import pytest
 
 from deepspeed_zeropp.grouping import group_layout
-from deepspeed_zeropp.training.launch import run_job
-from tests.multirank.test_training import assert_trained_like_baseline, has_sequential_flag
-
-FROZEN = ["embeddings", "attention"]  # a LoRA-like split: frozen embeddings and attention, trainable FFNs
+from deepspeed_zeropp._harness.launch import run_job
+from tests.helpers import FROZEN, assert_clean, assert_trained_like_baseline, has_sequential_flag
 
 
 def job(runs, model="bert", dtype="bf16", world_size=2, frozen=FROZEN, steps=3):
     spec = {"model": model, "dtype": dtype, "patch": True, "steps": steps, "seed": 0, "frozen": frozen, "runs": runs}
+    spec["instruments"] = "tests.harness_instruments"  # gathered_check
     return run_job(spec, world_size=world_size, timeout=900)
-
-
-def assert_clean(run):
-    assert "error" not in run, run.get("traceback", run.get("error"))
-    assert run["forward_checks"] > 0 and run["dtype_errors"] == [] and run["value_errors"] == []
 
 
 @pytest.fixture(scope="module")

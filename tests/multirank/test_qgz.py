@@ -5,8 +5,8 @@ qgZ only runs when world_size // device_count > 1; on DeepSpeed's CPU accelerato
 """
 import pytest
 
-from deepspeed_zeropp.training.launch import run_job
-from tests.multirank.test_training import assert_trained_like_baseline
+from deepspeed_zeropp._harness.launch import run_job
+from tests.helpers import assert_trained_like_baseline
 from tests.qgz_sim import bound_of_largest
 
 # (dtype, shape, quantized): as upstream, only tensors of >= 2 dimensions whose numel is a multiple of 2 x world
@@ -32,15 +32,17 @@ def test_reduce_scatter_within_4bit_bound(world_size, local_size):
         "cases": [["bf16", [128, 128]], ["fp32", [4096]]],
         "scale": 1e6
     }]
-    result = run_job({
-        "model": "bert",
-        "dtype": "bf16",
-        "patch": True,
-        "runs": runs
-    },
-                     world_size=world_size,
-                     local_size=local_size,
-                     timeout=600)
+    result = run_job(
+        {
+            "model": "bert",
+            "dtype": "bf16",
+            "patch": True,
+            "runs": runs,
+            "instruments": "benchmarks._qgz_instruments"
+        },
+        world_size=world_size,
+        local_size=local_size,
+        timeout=600)
     bound = bound_of_largest(local_size) + 2**-8  # and the final rounding to bf16 or fp32
     for run in result["runs"].values():
         assert "error" not in run, run

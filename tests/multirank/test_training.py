@@ -8,14 +8,10 @@ showing that quantized all-gathers really ran (at world size 1 nothing is ever q
 import pytest
 from packaging.version import Version
 
-from deepspeed_zeropp.training.launch import run_job
+from deepspeed_zeropp._harness.launch import run_job
+from tests.helpers import STEPS, assert_trained_like_baseline, has_sequential_flag
 
-STEPS = 5
 WORLD = 2
-
-
-def loss_tolerance(baseline):
-    return 0.02 + 0.02 * abs(baseline)
 
 
 def job(model, dtype, runs, patch=True, **extra):
@@ -26,30 +22,6 @@ def job(model, dtype, runs, patch=True, **extra):
 def ds_version():
     import importlib.metadata
     return Version(Version(importlib.metadata.version("deepspeed")).base_version)
-
-
-def has_sequential_flag():
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-    fields = getattr(DeepSpeedZeroConfig, "model_fields", None) or DeepSpeedZeroConfig.__fields__  # pydantic 2 / 1
-    return "allgather_sequential" in fields
-
-
-def assert_trained_like_baseline(result,
-                                 name,
-                                 gather_kind,
-                                 steps=STEPS,
-                                 quantize_calls=True,
-                                 tolerance=loss_tolerance):
-    """``quantize_calls``: qwZ quantizes at every gather; MixZ++ alone quantized its partitions at start-up."""
-    baseline, run = result["runs"]["baseline"], result["runs"][name]
-    assert "error" not in run, run.get("traceback", run.get("error"))
-    assert run["forward_checks"] > 0 and run["dtype_errors"] == []
-    assert run["value_errors"] == []
-    assert run["counts"].get("dequantize", 0) > 0 and (run["counts"].get("quantize", 0) > 0 or not quantize_calls)
-    assert run["counts"].get(gather_kind, 0) > 0, run["counts"]
-    assert len(run["losses"]) == steps
-    for step, (quantized, reference) in enumerate(zip(run["losses"], baseline["losses"])):
-        assert abs(quantized - reference) <= tolerance(reference), (step, run["losses"], baseline["losses"])
 
 
 @pytest.fixture(scope="module")

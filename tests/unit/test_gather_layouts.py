@@ -15,7 +15,7 @@ from deepspeed_zeropp.backends import deepspeed_op
 from deepspeed_zeropp.grouping import group_layout
 from deepspeed_zeropp.patching import seams
 from deepspeed_zeropp.quantizer import QuantizerMethods
-from tests.unit.test_stub_op import Fp16OnlyOp
+from tests.helpers import Fp16OnlyOp
 
 PRIME = 8581  # a 131 x 131 weight's partition at 2 ranks: two groups, the second one shorter
 RANKS = 2

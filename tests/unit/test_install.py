@@ -31,6 +31,8 @@ def test_regular_and_editable_installs_ship_the_pth(tmp_path):
         subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", *editable, str(source)], check=True)
         assert (site_packages / "deepspeed_zeropp.pth").is_file(), (editable,
                                                                     sorted(p.name for p in site_packages.iterdir()))
+        if not editable:  # the demo's harness ships with the package
+            assert (site_packages / "deepspeed_zeropp" / "_harness" / "worker.py").is_file()
     probe = (
         "import deepspeed, deepspeed_zeropp; from deepspeed.runtime.zero.partition_parameters import CUDAQuantizer; "
         "print(deepspeed_zeropp.__file__, hasattr(CUDAQuantizer.quantize, '__deepspeed_zeropp__'))")

@@ -9,20 +9,7 @@ import torch
 from packaging.version import Version
 
 import deepspeed_zeropp
-from deepspeed_zeropp.backends import torch_ref
-
-
-class Fp16OnlyOp:
-    Symmetric = 0
-
-    def quantize(self, x, groups, bits, kind):
-        assert x.dtype == torch.float16, f"kernel reads fp16 bits, got {x.dtype}"
-        codes, scales = torch_ref.quantize(x.reshape(-1), groups)
-        return codes.view(x.shape), scales.view(-1, 1)
-
-    def dequantize(self, codes, scales, groups, bits, kind):
-        return torch_ref.dequantize(codes.reshape(-1), scales.reshape(-1),
-                                    codes.numel() // groups, torch.float16).view(codes.shape)
+from tests.helpers import Fp16OnlyOp
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Start a harness job: one subprocess per rank on this machine, rendezvous over TCP on localhost."""
 import contextlib
 import glob
+import importlib.util
 import json
 import os
 import socket
@@ -10,7 +11,7 @@ import tempfile
 import time
 
 
-def _free_port():
+def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -29,12 +30,39 @@ def release_shared_memory(port):
             os.unlink(leftover)
 
 
-def _extensions_dir():
+def extensions_dir():
     """DeepSpeed's CPU accelerator JIT-builds a shared-memory op under a fixed name; builds from different
     DeepSpeed releases must not share a cache directory, or one release loads another's incompatible op."""
     from importlib.metadata import version
     return os.path.join(os.path.expanduser("~"), ".cache", "deepspeed_zeropp",
                         f"torch_extensions_ds{version('deepspeed')}")
+
+
+def instrument_names(names):
+    """``spec["instruments"]`` as a list of module names."""
+    if names is None:
+        return []
+    if isinstance(names, str):
+        return [names]
+    if isinstance(names, (list, tuple)) and all(isinstance(name, str) for name in names):
+        return list(names)
+    raise ValueError(f"spec['instruments'] is {names!r}; expected a module name or a list of module names")
+
+
+def instrument_root(name):
+    """The sys.path entry this process imports instrument module ``name`` from, for the ranks to import it the same
+    way: the directory above its top-level package."""
+    try:
+        found = importlib.util.find_spec(name)
+    except ModuleNotFoundError:  # a missing parent package
+        found = None
+    if found is None or found.origin is None:
+        raise ValueError(f"spec['instruments']: no module {name!r} importable here (a dotted module name is expected)")
+    levels = name.count(".") + (os.path.basename(found.origin) == "__init__.py")
+    root = os.path.dirname(os.path.abspath(found.origin))
+    for _ in range(levels):
+        root = os.path.dirname(root)
+    return root
 
 
 DEVICES = ("cpu", "cuda-shared", "cuda", "cuda-isolated")
@@ -47,24 +75,30 @@ def run_job(spec, world_size=2, timeout=600, env=None, device="cpu", local_size=
     ranks on a one-GPU machine; NCCL refuses that), "cuda" (one GPU per rank, NCCL) or "cuda-isolated" (as "cuda",
     but each rank sees only its own GPU, so every rank is its own node: how qgZ runs on one host). Raises JobFailed with the
     ranks' output tails if a rank crashes, hangs past ``timeout`` seconds, or rank 0 writes no result.
+    ``spec["instruments"]``: modules importable here whose hooks the ranks run (worker.py).
     ``local_size``: ranks per "node" on CPU (DeepSpeed's CPU accelerator counts devices from LOCAL_SIZE); fewer
     than ``world_size`` makes several nodes, which is when ZeRO++ qgZ runs."""
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    roots = [instrument_root(name) for name in instrument_names(spec.get("instruments"))]
     workdir = tempfile.mkdtemp(prefix="deepspeed_zeropp_job_")
     spec = dict(spec, out=os.path.join(workdir, "result.json"), device=device)
     spec_path = os.path.join(workdir, "spec.json")
     with open(spec_path, "w") as f:
         json.dump(spec, f)
     base_env = dict(os.environ, **(env or {}))
-    port = _free_port()
+    port = free_port()
     base_env.update(MASTER_ADDR="127.0.0.1",
                     MASTER_PORT=str(port),
                     WORLD_SIZE=str(world_size),
                     LOCAL_SIZE=str(local_size or world_size),
                     OMP_NUM_THREADS="1",
                     PYTHONUNBUFFERED="1")
-    base_env.setdefault("TORCH_EXTENSIONS_DIR", _extensions_dir())
+    base_env.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
+    paths = [path for path in base_env.get("PYTHONPATH", "").split(os.pathsep) if path]
+    missing = [root for root in dict.fromkeys(roots) if root not in paths]
+    if missing:  # first: the ranks import the same instrument modules as this process
+        base_env["PYTHONPATH"] = os.pathsep.join(missing + paths)
     if device == "cpu":
         base_env["DS_ACCELERATOR"] = "cpu"
     procs, logs = [], []
@@ -74,7 +108,7 @@ def run_job(spec, world_size=2, timeout=600, env=None, device="cpu", local_size=
         if device == "cuda-isolated":
             rank_env["CUDA_VISIBLE_DEVICES"] = str(rank)
         procs.append(
-            subprocess.Popen([sys.executable, "-m", "deepspeed_zeropp.training.worker", spec_path],
+            subprocess.Popen([sys.executable, "-m", "deepspeed_zeropp._harness.worker", spec_path],
                              env=rank_env,
                              stdout=log,
                              stderr=subprocess.STDOUT))

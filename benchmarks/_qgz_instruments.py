@@ -1,0 +1,88 @@
+"""qgZ's reduce-scatter measured inside the harness's ranks: accuracy against the exact mean and time per call.
+
+A harness instrument module (``spec["instruments"] = "benchmarks._qgz_instruments"``; hooks as described in
+deepspeed_zeropp/_harness/worker.py): a run with ``qgz_check`` set runs no training but :func:`qgz_check` on its
+``cases`` ([dtype name, shape] pairs), gradients times ``scale``, timed over ``time_reps`` calls. Used by
+benchmarks/qgz_gpu.py and tests/multirank/test_qgz.py.
+"""
+import math
+import time
+
+import torch
+
+from deepspeed_zeropp._harness.worker import DTYPES
+
+
+def time_reduce(reduce, gradient, groups, reps):
+    """Median wall time (ms) of one quantized reduce-scatter over ``reps`` calls after warm-up; None if reps is 0."""
+    if not reps:
+        return None
+    times = []
+    for i in range(reps + 3):
+        torch.distributed.barrier()
+        if gradient.is_cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        reduce([gradient], groups)
+        if gradient.is_cuda:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1000)
+    return sorted(times[3:])[reps // 2]
+
+
+def qgz_check(job):
+    """qgZ's reduce-scatter on random gradients against the exact mean (fp64), per dtype and shape. Figures are the
+    worst over ranks; errors are relative to the largest gradient value; ``error_of_rounded_mean`` is the distance to
+    the exact mean rounded once to the dtype (0 up to fp32 summation for the unquantized path)."""
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.runtime.zero import stage3
+    from deepspeed.utils import groups
+    from deepspeed_zeropp.qgz import quantizes
+    run, rank = job.run, job.rank
+    world = torch.distributed.get_world_size()
+    all_to_all_groups = groups._get_local_all_to_all_group()
+    report = []
+    for dtype_name, shape in run["cases"]:
+
+        def gradient_of(r):  # every rank's gradient, rebuilt locally from its seed
+            generator = torch.Generator().manual_seed(17 * r + len(report))
+            return (torch.randn(shape, generator=generator) * run.get("scale", 1.0)).to(DTYPES[dtype_name])
+
+        gradient = gradient_of(rank).to(get_accelerator().current_device_name())
+        reduced = stage3.all_to_all_quant_reduce([gradient], all_to_all_groups)[0]
+        everyone = torch.stack([gradient_of(r).double() for r in range(world)])
+        mean = everyone.mean(dim=0).reshape(-1)
+        chunk = -(-mean.numel() // world)
+        expected = mean[rank * chunk:(rank + 1) * chunk]
+        largest = everyone.abs().max().item() if everyone.numel() else 1.0
+        got = reduced.cpu().double()
+        if got.shape != expected.shape:  # reported as a wrong numel; the error figures become inf
+            got = torch.full_like(expected, math.nan)
+        error = (got - expected).abs()
+        rounded = expected.to(reduced.dtype).double()
+        ms = time_reduce(stage3.all_to_all_quant_reduce, gradient, all_to_all_groups, run.get("time_reps", 0))
+        figures = [
+            error.max().item() / largest if error.numel() else 0.0,
+            (got - rounded).abs().max().item() / largest if error.numel() else 0.0,
+            (error.pow(2).mean() / expected.pow(2).mean()).sqrt().item() if error.numel() else 0.0,
+            float(reduced.numel() != expected.numel()),
+            float(not torch.isfinite(reduced).all()),
+        ]
+        figures = torch.tensor(figures, dtype=torch.float64, device=gradient.device).nan_to_num(nan=math.inf)
+        torch.distributed.all_reduce(figures, op=torch.distributed.ReduceOp.MAX)  # the worst rank's
+        worst, worst_rounded, rms_error, wrong_numel, not_finite = figures.tolist()
+        report.append(
+            dict(dtype=str(reduced.dtype),
+                 numel=reduced.numel(),
+                 expected_numel=expected.numel(),
+                 every_rank_numel_right=not wrong_numel,
+                 quantized=quantizes(gradient, world),
+                 ms=ms,
+                 max_error_of_largest=worst,
+                 error_of_rounded_mean=worst_rounded,
+                 rms_error_of_rms=rms_error,
+                 finite=not not_finite))
+    return {"cases": report}
+
+
+RUNNERS = {"qgz_check": qgz_check}

@@ -1,0 +1,75 @@
+"""What several test modules share: assertions on harness results, dtype tables, a stand-in for DeepSpeed's op."""
+import pytest
+import torch
+
+from deepspeed_zeropp.backends import torch_ref
+
+STEPS = 5  # training steps of a harness job unless a test says otherwise
+FROZEN = ["embeddings", "attention"]  # a LoRA-like split of BERT: frozen embeddings and attention, trainable FFNs
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def loss_tolerance(baseline):
+    return 0.02 + 0.02 * abs(baseline)
+
+
+def has_sequential_flag():
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    fields = getattr(DeepSpeedZeroConfig, "model_fields", None) or DeepSpeedZeroConfig.__fields__  # pydantic 2 / 1
+    return "allgather_sequential" in fields
+
+
+def assert_clean(run):
+    assert "error" not in run, run.get("traceback", run.get("error"))
+    assert run["forward_checks"] > 0 and run["dtype_errors"] == [] and run["value_errors"] == []
+
+
+def assert_trained_like_baseline(result,
+                                 name,
+                                 gather_kind,
+                                 steps=STEPS,
+                                 quantize_calls=True,
+                                 tolerance=loss_tolerance):
+    """``quantize_calls``: qwZ quantizes at every gather; MixZ++ alone quantized its partitions at start-up."""
+    baseline, run = result["runs"]["baseline"], result["runs"][name]
+    assert "error" not in run, run.get("traceback", run.get("error"))
+    assert run["forward_checks"] > 0 and run["dtype_errors"] == []
+    assert run["value_errors"] == []
+    assert run["counts"].get("dequantize", 0) > 0 and (run["counts"].get("quantize", 0) > 0 or not quantize_calls)
+    assert run["counts"].get(gather_kind, 0) > 0, run["counts"]
+    assert len(run["losses"]) == steps
+    for step, (quantized, reference) in enumerate(zip(run["losses"], baseline["losses"])):
+        assert abs(quantized - reference) <= tolerance(reference), (step, run["losses"], baseline["losses"])
+
+
+def assert_bitwise(actual, expected):
+    """Equal bit patterns, with any NaN matching any NaN (the wire format only promises 'NaN')."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    actual, expected = actual.cpu(), expected.cpu()
+    nan = torch.isnan(actual) if actual.is_floating_point() else torch.zeros_like(actual, dtype=torch.bool)
+    assert torch.equal(nan, torch.isnan(expected) if expected.is_floating_point() else nan)
+    int_type = {1: torch.int8, 2: torch.int16, 4: torch.int32}[actual.element_size()]
+    mismatch = (actual.view(int_type) != expected.view(int_type)) & ~nan
+    assert not mismatch.any(), f"{int(mismatch.sum())} of {actual.numel()} differ, first at {mismatch.nonzero()[0]}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def extension_builds():
+    """For the CUDA kernel tests (imported there): CUDA is here, so a build failure is a defect of this package,
+    not a reason to skip."""
+    from deepspeed_zeropp.backends import cuda as cuda_backend
+    assert cuda_backend.load_error() is None
+
+
+class Fp16OnlyOp:
+    """The contract of DeepSpeed's compiled quantizer op: fp16 in, fp16 out; any other input dtype is refused."""
+    Symmetric = 0
+
+    def quantize(self, x, groups, bits, kind):
+        assert x.dtype == torch.float16, f"kernel reads fp16 bits, got {x.dtype}"
+        codes, scales = torch_ref.quantize(x.reshape(-1), groups)
+        return codes.view(x.shape), scales.view(-1, 1)
+
+    def dequantize(self, codes, scales, groups, bits, kind):
+        return torch_ref.dequantize(codes.reshape(-1), scales.reshape(-1),
+                                    codes.numel() // groups, torch.float16).view(codes.shape)

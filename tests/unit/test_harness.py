@@ -1,0 +1,28 @@
+"""The harness's instrument modules: named in a job spec, found where this process imports them, bad names refused
+before any rank starts."""
+from pathlib import Path
+
+import pytest
+
+from deepspeed_zeropp._harness.launch import instrument_root, run_job
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = {"model": "bert", "dtype": "bf16", "patch": True, "runs": [{"name": "baseline"}]}
+
+
+@pytest.mark.parametrize("name", ["tests.harness_instruments", "benchmarks._qgz_instruments", "tests"])
+def test_ranks_import_instruments_from_where_this_process_does(name):
+    """A module in a package, in a namespace package (benchmarks/ has no __init__.py) and a package itself."""
+    assert instrument_root(name) == str(ROOT)
+
+
+@pytest.mark.parametrize("names", [42, ["tests.harness_instruments", None], {"tests.harness_instruments": True}])
+def test_instruments_of_the_wrong_type_are_refused(names):
+    with pytest.raises(ValueError, match=r"spec\['instruments'\] is .*expected a module name or a list"):
+        run_job(dict(SPEC, instruments=names))
+
+
+@pytest.mark.parametrize("name", ["tests.no_such_instruments", "no_such_package.instruments"])
+def test_unknown_instrument_module_is_refused(name):
+    with pytest.raises(ValueError, match=rf"spec\['instruments'\]: no module '{name}' importable here"):
+        run_job(dict(SPEC, instruments=[name]))
