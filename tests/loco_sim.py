@@ -12,7 +12,7 @@ import torch
 
 from deepspeed_zeropp.backends import torch_ref
 from deepspeed_zeropp.loco import error_sizes
-from deepspeed_zeropp.qgz_wire import GROUP, Feedback, weights
+from deepspeed_zeropp.formats.int4 import GROUP, Feedback, weights
 from tests.qgz_sim import reduce_scatter
 
 
