@@ -14,7 +14,7 @@ STAGE3 = "deepspeed.runtime.zero.stage3"
 COALESCED_COLLECTIVES = "deepspeed.runtime.comm.coalesced_collectives"
 PARAMETER_OFFLOAD = "deepspeed.runtime.zero.parameter_offload"
 ENGINE = "deepspeed.runtime.engine"
-UPSTREAM_DTYPE_FIX = "0.19.6"  # DeepSpeed PR #8215: fp16 detour in the quantizer, dtype= at five sites
+UPSTREAM_DTYPE_FIX = "0.19.6"  # upstream's dtype fix: fp16 detour in the quantizer, dtype= at five sites
 LOCO_SINCE, LOCO_UNTIL = "0.16.2", "0.19.7"  # zeropp_loco_param: all_to_all_loco_quant_reduce (0.19.8 removed it)
 
 OLDEST_SUPPORTED = "0.14.4"
@@ -110,7 +110,7 @@ SITES = (
     Site("DeepSpeedZeroOptimizer_Stage3",
          "quantize_nontrainable_params",
          partitions.nontrainable_seam,
-         "Why this seam: upstream asserts that frozen partitions are fp16 before quantizing them (DeepSpeed #4885), "
+         "Why this seam: upstream asserts that frozen partitions are fp16 before quantizing them, "
          "so MixZ++ after freezing (LoRA) is impossible in bf16/fp32; the whole body is that assert plus the "
          "quantization, so it is reimplemented on our quantizer (with MixZ++ off, upstream's method runs).",
          module=STAGE3),
