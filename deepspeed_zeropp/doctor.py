@@ -24,8 +24,9 @@ def _round_trip(device, backend):
     import torch
     from . import ops
     from .backends import serving_name
+    from .dtypes import SUPPORTED_DTYPES
     lines = []
-    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+    for dtype in SUPPORTED_DTYPES:
         if device == "cpu" and dtype == torch.float16:
             continue  # DeepSpeed refuses fp16 on its CPU accelerator; nothing to prove here
         x = torch.randn(4099, device=device).to(dtype) * 1e3
