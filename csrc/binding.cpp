@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAStream.h>
 #include <ATen/ops/empty.h>
+#include <ATen/cuda/EmptyTensor.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/utils/pybind.h>
@@ -41,10 +42,36 @@ void check_flat_cuda(const at::Tensor& t, const char* what)
     require(t.dim() == 1 && t.is_contiguous(), what, " must be flat and contiguous");
 }
 
+// The int8 entry points read any contiguous tensor as flat and give their results its shape.
+void check_contiguous_cuda(const at::Tensor& t, const char* what)
+{
+    require(t.is_cuda(), what, " must be a CUDA tensor");
+    require(t.is_contiguous(), what, " must be contiguous");
+}
+
+// The int8 outputs come straight from the CUDA caching allocator (at::detail::empty_cuda) instead of through the
+// operator dispatcher (at::empty): the same tensor for a fraction of a microsecond less, on a path ZeRO-3 takes for
+// every gathered parameter or bucket.
+at::Tensor empty_on(const at::Tensor& like, at::IntArrayRef sizes, at::ScalarType type)
+{
+    return at::Tensor(at::detail::empty_cuda(sizes, type, like.device(), std::nullopt));
+}
+
+at::ScalarType scalar_type_of(int64_t format_id)
+{
+    switch (format_id) {
+        case 0: return at::kHalf;
+        case 1: return at::kBFloat16;
+        case 2: return at::kFloat;
+        default:
+            throw std::invalid_argument(c10::str("format id must be 0 (fp16), 1 (bf16) or 2 (fp32), got ", format_id));
+    }
+}
+
 // `groups` groups of `group_size` elements, the last one ending at numel (it may be shorter).
 std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& input, int64_t groups, int64_t group_size)
 {
-    check_flat_cuda(input, "input");
+    check_contiguous_cuda(input, "input");
     const dszpp::Format format = format_of(input.scalar_type(), "input");
     const int64_t numel = input.numel();
     require(groups >= 1 && group_size >= 0, "groups must be >= 1 and group_size >= 0");
@@ -53,8 +80,8 @@ std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& input, int64_t gro
     require(numel <= groups * group_size && (numel == 0 || (groups - 1) * group_size < numel),
             "groups of group_size elements must cover numel, the last one holding at least one element");
     const c10::cuda::CUDAGuard device_guard(input.device());
-    at::Tensor codes = at::empty({input.numel()}, input.options().dtype(at::kChar));
-    at::Tensor scales = at::empty({groups}, input.options().dtype(at::kFloat));
+    at::Tensor codes = empty_on(input, input.sizes(), at::kChar);
+    at::Tensor scales = empty_on(input, {groups}, at::kFloat);
     dszpp::launch_quantize(format,
                            input.data_ptr(),
                            codes.data_ptr<int8_t>(),
@@ -67,18 +94,17 @@ std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& input, int64_t gro
     return {codes, scales};
 }
 
-// Writes into `out` (allocated by the caller in the requested dtype) rather than taking a dtype argument. A
-// block_numel that is a multiple of group_size means equal groups; any other: per-block layouts (quantizer.h).
-void dequantize(
-    const at::Tensor& codes, const at::Tensor& scales, int64_t group_size, int64_t block_numel, at::Tensor& out)
+// Returns a new tensor of the codes' shape in the format `format_id` names (a small int: one pybind argument
+// conversion cheaper than a dtype object). A block_numel that is a multiple of group_size means equal groups; any
+// other: per-block layouts (quantizer.h). Scales may be [S] or [S, 1]: only their count matters.
+at::Tensor dequantize(
+    const at::Tensor& codes, const at::Tensor& scales, int64_t group_size, int64_t block_numel, int64_t format_id)
 {
-    check_flat_cuda(codes, "codes");
-    check_flat_cuda(scales, "scales");
-    check_flat_cuda(out, "out");
+    check_contiguous_cuda(codes, "codes");
+    check_contiguous_cuda(scales, "scales");
     require(codes.scalar_type() == at::kChar, "codes must be int8");
     require(scales.scalar_type() == at::kFloat, "scales must be float32");
-    require(out.numel() == codes.numel(), "out must have as many elements as codes");
-    require(codes.device() == scales.device() && codes.device() == out.device(), "tensors on different devices");
+    require(codes.device() == scales.device(), "codes and scales on different devices");
     require(group_size >= 1 && block_numel >= 1, "group_size and block_numel must be >= 1");
     if (block_numel % group_size == 0) {
         require(codes.numel() <= scales.numel() * group_size, "codes do not fit the given groups and group_size");
@@ -87,9 +113,10 @@ void dequantize(
         require(scales.numel() % block_groups == 0 && codes.numel() <= scales.numel() / block_groups * block_numel,
                 "codes do not fit blocks of block_numel elements with their scales");
     }
-    const dszpp::Format format = format_of(out.scalar_type(), "out");
+    const at::ScalarType out_type = scalar_type_of(format_id);
     const c10::cuda::CUDAGuard device_guard(codes.device());
-    dszpp::launch_dequantize(format,
+    at::Tensor out = empty_on(codes, codes.sizes(), out_type);
+    dszpp::launch_dequantize(format_of(out_type, "out"),
                              codes.data_ptr<int8_t>(),
                              scales.data_ptr<float>(),
                              out.data_ptr(),
@@ -98,6 +125,7 @@ void dequantize(
                              block_numel,
                              c10::cuda::getCurrentCUDAStream());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return out;
 }
 
 using dszpp::int4::block_bytes;
@@ -257,8 +285,10 @@ void qgz_decode_sum(const at::Tensor& blocks, int64_t padded_chunk, double facto
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
 {
     m.doc() = "deepspeed_zeropp native quantizers (fp16, bf16, fp32): int8 weights, qgZ 4-bit gradients";
-    m.def("quantize", &quantize, "flat input, groups, group_size -> (int8 codes, fp32 scales [groups])");
-    m.def("dequantize", &dequantize, "codes, scales, group_size, block_numel, out: out[i] = codes[i] * scale of i");
+    m.def("quantize", &quantize, "input, groups, group_size -> (int8 codes of input's shape, fp32 scales [groups])");
+    m.def("dequantize",
+          &dequantize,
+          "codes, scales, group_size, block_numel, format id (0 fp16, 1 bf16, 2 fp32) -> codes[i] * scale of i");
     m.def("qgz_encode", &qgz_encode, "qgZ: gradient, destinations, rows, chunk, padded_chunk -> uint8 blocks");
     m.def("qgz_reduce_encode", &qgz_reduce_encode, "qgZ: blocks, rows, padded_chunk -> summed, re-encoded blocks");
     m.def("qgz_encode_feedback",

@@ -17,7 +17,7 @@ namespace dszpp {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 4;
+constexpr int kUnroll = 4;  // measured against 2 and 8, and against 16 codes per packet (uncoalesced stores)
 
 template <typename Index>
 __device__ __forceinline__ Index smaller(Index a, Index b)
@@ -78,7 +78,9 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const int8_t* __re
             OutPacket result;
 #pragma unroll
             for (int j = 0; j < VEC; ++j) result.e[j] = value(in[k].e[j]);
-            reinterpret_cast<OutPacket*>(out + first)->raw[0] = result.raw[0];
+            OutPacket* target = reinterpret_cast<OutPacket*>(out + first);
+#pragma unroll
+            for (int r = 0; r < sizeof(result.raw) / sizeof(result.raw[0]); ++r) target->raw[r] = result.raw[r];
         } else {
             for (Index i = first; i < numel; ++i) out[i] = value(codes[i]);
         }

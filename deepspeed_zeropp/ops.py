@@ -1,12 +1,16 @@
 """Public quantize / dequantize: input checks, shape handling and backend dispatch, in one place.
 
-Backends only ever see flat, contiguous tensors whose sizes already agree with the group layout; everything a
-caller can get wrong is rejected here with an error that names the problem and what is accepted. The layout itself
+Backends only ever see contiguous tensors whose sizes already agree with the group layout (of any shape: they
+return codes or values of their input's shape); everything a caller can get wrong is rejected here with an error
+that names the problem and what is accepted. This is also the hot path (DeepSpeed calls it per gathered
+parameter or bucket), so the checks are cheap attribute tests and the layouts are memoised. The layout itself
 comes from :func:`grouping.group_layout`.
 """
+import functools
+
 import torch
 
-from .dtypes import DEFAULT_DEQUANT_DTYPE, check_float_dtype, check_wire_tensors
+from .dtypes import DEFAULT_DEQUANT_DTYPE, SUPPORTED_DTYPES, check_float_dtype, check_wire_tensors
 from .grouping import Layout, group_layout
 from .backends import resolve_backend
 
@@ -17,38 +21,62 @@ def quantize(x, groups=None, backend="auto"):
     The groups are ``group_layout(x.numel())`` when ``groups`` is None or that layout's own count; any other
     ``groups`` must divide ``x.numel()`` and gives equal groups (DeepSpeed's op's meaning of the argument).
     """
-    _check_tensor(x, "quantize input")
-    check_float_dtype(x.dtype, "quantize input")
-    numel = x.numel()
-    if groups is not None and (not isinstance(groups, int) or isinstance(groups, bool)):
+    if not (isinstance(x, torch.Tensor) and x.dtype in SUPPORTED_DTYPES and not x.is_meta):
+        _check_tensor(x, "quantize input")
+        check_float_dtype(x.dtype, "quantize input")
+    layout = group_layout(x.numel()) if groups is None else _explicit_layout(x.numel(), groups)
+    impl = resolve_backend(backend, x.device)
+    return impl.quantize(x if x.is_contiguous() else x.contiguous(), *layout)
+
+
+def _memoised(layout_function):
+    """Layouts are pure functions of their integer arguments: computed once per argument tuple, so the per-call
+    cost of the checks is a dictionary lookup. Unhashable arguments bypass the cache and reach the function's own
+    check, which names them."""
+    cached = functools.lru_cache(maxsize=1024, typed=True)(layout_function)
+
+    @functools.wraps(layout_function)
+    def call(*args):
+        try:
+            return cached(*args)
+        except TypeError:
+            return layout_function(*args)
+
+    return call
+
+
+@_memoised
+def _explicit_layout(numel, groups):
+    if not isinstance(groups, int) or isinstance(groups, bool):
         raise ValueError(f"groups must be None or a positive int dividing numel={numel}, got {groups!r}")
     layout = group_layout(numel)
-    if groups is not None and groups != layout.groups:
+    if groups != layout.groups:
         if groups < 1 or numel % groups != 0:
             raise ValueError(f"groups must be None or a positive int dividing numel={numel}, got {groups!r}")
         layout = Layout(groups, numel // groups)
-    impl = resolve_backend(backend, x.device)
-    codes, scales = impl.quantize(x.detach().contiguous().view(-1), *layout)
-    return codes.view(x.shape), scales
+    return layout
 
 
 def _check_tensor(value, what):
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
-    if value.device.type == "meta":
+    if value.is_meta:
         raise ValueError(f"{what} is on the meta device, which holds no values; pass a tensor on a real device")
 
 
-def _checked_output_dtype(codes, scales, dtype):
+_OUTPUT_DTYPES = SUPPORTED_DTYPES + (None, )
+
+
+def _check_dequantize_inputs(codes, scales, dtype):
+    """Raise the error that names what is wrong with dequantize's arguments (the slow path of its checks)."""
     _check_tensor(codes, "dequantize codes")
     _check_tensor(scales, "dequantize scales")
     if scales.device != codes.device:
         raise ValueError(f"dequantize scales are on {scales.device} but the codes on {codes.device}; "
                          "pass both on the same device")
     check_wire_tensors(codes, scales)
-    dtype = DEFAULT_DEQUANT_DTYPE if dtype is None else dtype
-    check_float_dtype(dtype, "dequantize output")
-    return dtype
+    if dtype is not None:
+        check_float_dtype(dtype, "dequantize output")
 
 
 def dequantize(codes, scales, dtype=None, group_size=None, block_numel=None, backend="auto"):
@@ -61,16 +89,25 @@ def dequantize(codes, scales, dtype=None, group_size=None, block_numel=None, bac
     - ``group_size=E``: contiguous groups of E elements; the codes may be a prefix of S * E.
     - neither: one quantized buffer, in ``group_layout(codes.numel())`` if that has S groups, else S equal groups.
     """
-    dtype = _checked_output_dtype(codes, scales, dtype)
-    flat_scales = scales.reshape(-1).contiguous()
-    group_size, block_numel = _dequantize_layout(codes.numel(), flat_scales.numel(), group_size, block_numel)
-    if codes.numel() == 0:
-        return torch.empty(codes.shape, dtype=dtype, device=codes.device)
-    impl = resolve_backend(backend, codes.device)
-    out = impl.dequantize(codes.contiguous().view(-1), flat_scales, group_size, dtype, block_numel)
-    return out.view(codes.shape)
+    # The common case in one expression of cheap tests (the same conditions as the slow path's, which then names
+    # the problem): int8 codes, fp32 scales [S] or [S, 1] with S >= 1 on the codes' device, a supported dtype.
+    device = codes.device if isinstance(codes, torch.Tensor) else None
+    if not (device is not None and isinstance(scales, torch.Tensor) and codes.dtype is torch.int8
+            and scales.dtype is torch.float32 and dtype in _OUTPUT_DTYPES and not codes.is_meta
+            and 0 < scales.dim() <= 2 and scales.numel() == scales.shape[0] > 0 and scales.device == device):
+        _check_dequantize_inputs(codes, scales, dtype)
+    if dtype is None:
+        dtype = DEFAULT_DEQUANT_DTYPE
+    numel = codes.numel()
+    group_size, block_numel = _dequantize_layout(numel, scales.numel(), group_size, block_numel)
+    if numel == 0:
+        return torch.empty(codes.shape, dtype=dtype, device=device)
+    impl = resolve_backend(backend, device)
+    return impl.dequantize(codes if codes.is_contiguous() else codes.contiguous(),
+                           scales if scales.is_contiguous() else scales.contiguous(), group_size, dtype, block_numel)
 
 
+@_memoised
 def _dequantize_layout(numel, num_groups, group_size, block_numel):
     """(group size, block numel) for the backends; the block numel is None when every group has the group size (the
     backends' fast path): one block, or blocks that split into equal groups."""
@@ -103,7 +140,8 @@ def dequantize_segments(codes, scales, block_numels, dtype=None, backend="auto")
     """Dequantize buffers that were quantized one by one and concatenated: ``block_numels`` lists their element
     counts in buffer order, each buffer in its own ``group_layout``. DeepSpeed's coalesced MixZ++ gather
     concatenates stored partitions so."""
-    dtype = _checked_output_dtype(codes, scales, dtype)
+    _check_dequantize_inputs(codes, scales, dtype)
+    dtype = DEFAULT_DEQUANT_DTYPE if dtype is None else dtype
     flat_codes, flat_scales = codes.contiguous().view(-1), scales.reshape(-1)
     if not isinstance(block_numels, (tuple, list)) or not all(_count(n) for n in block_numels):
         raise ValueError(f"block_numels must be a list of non-negative ints, got {block_numels!r}")

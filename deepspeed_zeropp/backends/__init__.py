@@ -17,7 +17,8 @@ import warnings
 BACKENDS = ("auto", "torch", "cuda", "deepspeed")
 QGZ_FALLBACK = "auto"
 _MODULES = {"torch": "torch_ref", "cuda": "cuda", "deepspeed": "deepspeed_op"}
-_loaded = {}  # name -> module: resolve_backend runs on every quantize/dequantize, so no import machinery there
+_loaded = {}  # name -> module, imported once
+_resolved = {}  # (name, device type) -> module: the choice never changes once made (load_error is computed once)
 _default = "auto"
 _warned_fallback = False
 _warned_qgz = set()
@@ -48,13 +49,22 @@ def default():
 
 
 def resolve_backend(name, device):
-    """Return the backend module for ``name`` on ``device`` (a torch.device)."""
-    global _warned_fallback
-    if name != "auto":
-        module = _loaded.get(name)
-        if module is not None:
-            return module
+    """Return the backend module for ``name`` on ``device`` (a torch.device). On the hot path: one dictionary lookup
+    after the first call for a (name, device type)."""
+    key = (name, device.type)
+    try:
+        module = _resolved.get(key)
+    except TypeError:  # an unhashable name: the check says what is accepted
         check_backend_name(name)
+    if module is None:
+        module = _resolved[key] = _resolve(name, device)
+    return module
+
+
+def _resolve(name, device):
+    global _warned_fallback
+    check_backend_name(name)
+    if name != "auto":
         return _load(name)
     if device.type != "cuda":
         return _load("torch")

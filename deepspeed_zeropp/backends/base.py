@@ -2,7 +2,7 @@
 
 A backend is a module; :class:`Backend` spells out what the registry (``backends/__init__.py``), ``ops`` and
 ``qgz`` call on it, so that a module can be checked against it (:func:`missing`). Arguments arrive already
-validated and shaped by the callers: flat, contiguous tensors whose sizes agree with the layout.
+validated by the callers: contiguous tensors (read flat) whose sizes agree with the layout.
 """
 from typing import Optional, Protocol, runtime_checkable
 
@@ -22,9 +22,9 @@ class Backend(Protocol):
     NAME: str
     SERVES_QGZ: bool
 
-    def quantize(self, flat: torch.Tensor, groups: int, group_size: Optional[int] = None):
-        """int8 weight wire (``formats/int8.py``): ``groups`` groups of ``group_size`` elements (default: equal
-        groups), the last one possibly short -> (int8 codes [numel], fp32 scales [groups])."""
+    def quantize(self, x: torch.Tensor, groups: int, group_size: Optional[int] = None):
+        """int8 weight wire (``formats/int8.py``): ``x`` read flat in ``groups`` groups of ``group_size`` elements
+        (default: equal groups), the last one possibly short -> (int8 codes of x's shape, fp32 scales [groups])."""
 
     def dequantize(self,
                    codes: torch.Tensor,
@@ -32,8 +32,9 @@ class Backend(Protocol):
                    group_size: int,
                    dtype: torch.dtype,
                    block_numel: Optional[int] = None) -> torch.Tensor:
-        """Inverse of ``quantize`` in ``dtype``: groups of ``group_size`` (codes may be a prefix of
-        len(scales) * group_size), or blocks of ``block_numel`` elements, each with a short last group."""
+        """Inverse of ``quantize``, a new tensor of ``dtype`` and the codes' shape: groups of ``group_size`` (codes may
+        be a prefix of len(scales) * group_size), or blocks of ``block_numel`` elements, each with a short last
+        group."""
 
     def qgz_encode(self,
                    flat: torch.Tensor,

@@ -129,18 +129,22 @@ def _extension():
     return _module
 
 
-def quantize(flat, groups, group_size=None):
-    """Quantize a flat contiguous CUDA tensor in ``groups`` groups of ``group_size`` elements (default: equal groups),
-    the last one possibly short -> (int8 codes, fp32 scales [groups])."""
-    return _extension().quantize(flat, groups, flat.numel() // groups if group_size is None else group_size)
+def quantize(x, groups, group_size=None):
+    """Quantize a contiguous CUDA tensor, read flat, in ``groups`` groups of ``group_size`` elements (default: equal
+    groups), the last one possibly short -> (int8 codes of x's shape, fp32 scales [groups])."""
+    return (_module or _extension()).quantize(x, groups, x.numel() // groups if group_size is None else group_size)
+
+
+# Output format ids of the extension's dequantize (binding.cpp's format_id).
+_FORMAT_IDS = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
 
 def dequantize(codes, scales, group_size, dtype, block_numel=None):
-    """Dequantize flat int8 ``codes`` with 1-D fp32 ``scales`` into ``dtype``: groups of ``group_size`` (codes may be
-    a prefix of len(scales) * group_size), or blocks of ``block_numel`` elements each with a short last group."""
-    out = torch.empty(codes.numel(), dtype=dtype, device=codes.device)
-    _extension().dequantize(codes, scales, group_size, group_size if block_numel is None else block_numel, out)
-    return out
+    """Dequantize contiguous int8 ``codes`` (read flat) with contiguous fp32 ``scales`` ([S] or [S, 1]) into a new
+    tensor of ``dtype`` and the codes' shape: groups of ``group_size`` (codes may be a prefix of S * group_size),
+    or blocks of ``block_numel`` elements each with a short last group."""
+    return (_module or _extension()).dequantize(codes, scales, group_size,
+                                                group_size if block_numel is None else block_numel, _FORMAT_IDS[dtype])
 
 
 def _check_qgz(condition, message):

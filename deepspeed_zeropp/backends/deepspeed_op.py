@@ -38,22 +38,23 @@ def _native(device):
     return resolve_backend("auto", device)
 
 
-def quantize(flat, groups, group_size=None):
-    if group_size is not None and groups * group_size != flat.numel():
-        return _native(flat.device).quantize(flat, groups, group_size)
+def quantize(x, groups, group_size=None):
+    if group_size is not None and groups * group_size != x.numel():
+        return _native(x.device).quantize(x, groups, group_size)
     op = _op()
-    codes, scales = op.quantize(flat.to(torch.float16), groups, 8, op.Symmetric)
-    return codes.view(-1), scales.view(-1)
+    codes, scales = op.quantize(x.reshape(-1).to(torch.float16), groups, 8, op.Symmetric)
+    return codes.view(x.shape), scales.view(-1)
 
 
 def dequantize(codes, scales, group_size, dtype, block_numel=None):
     if block_numel is not None:
         return _native(codes.device).dequantize(codes, scales, group_size, dtype, block_numel)
     op = _op()
+    shape, codes = codes.shape, codes.reshape(-1)
     numel, padded_numel = codes.numel(), scales.numel() * group_size
     whole = codes if numel == padded_numel else torch.cat([codes, codes.new_zeros(padded_numel - numel)])
     out = op.dequantize(whole, scales.view(-1, 1), scales.numel(), 8, op.Symmetric).view(-1)
-    return out[:numel].to(dtype)  # the op needs whole groups: the prefix was padded, now cut back
+    return out[:numel].view(shape).to(dtype)  # the op needs whole groups: the prefix was padded, now cut back
 
 
 def _no_qgz(*args, **kwargs):

@@ -14,9 +14,10 @@ NAME = "torch"
 SERVES_QGZ = True
 
 
-def quantize(flat, groups, group_size=None):
-    """Quantize a flat contiguous tensor in ``groups`` groups of ``group_size`` elements (default: equal groups), the
-    last one possibly short. Returns (int8 codes, fp32 scales)."""
+def quantize(x, groups, group_size=None):
+    """Quantize a contiguous tensor, read flat, in ``groups`` groups of ``group_size`` elements (default: equal
+    groups), the last one possibly short. Returns (int8 codes of x's shape, fp32 scales [groups])."""
+    flat = x.reshape(-1)
     numel = flat.numel()
     group_size = numel // groups if group_size is None else group_size
     if numel < groups * group_size:  # a short last group: zeros never raise an absmax, and their codes are dropped
@@ -27,14 +28,15 @@ def quantize(flat, groups, group_size=None):
     scaled = grouped.float() * multiplier.unsqueeze(1)
     scaled = torch.where(finite.unsqueeze(1), scaled, torch.zeros_like(scaled))
     codes = scaled.round_().clamp_(CODE_MIN, CODE_MAX).to(torch.int8)
-    return codes.view(-1)[:numel], stored_scale
+    return codes.view(-1)[:numel].view(x.shape), stored_scale
 
 
 def dequantize(codes, scales, group_size, dtype, block_numel=None):
-    """Dequantize flat ``codes`` with per-group ``scales`` into ``dtype``. Groups of ``group_size``: element i is in
+    """Dequantize contiguous ``codes`` (read flat; the result has their shape) with per-group ``scales`` into ``dtype``. Groups of ``group_size``: element i is in
     group i // group_size (codes may be a prefix of len(scales) * group_size); with ``block_numel`` n, the codes
     are blocks of n elements, each in ceil(n / group_size) groups with a short last one: group
     (i // n) * ceil(n / group_size) + (i % n) // group_size."""
+    shape, codes, scales = codes.shape, codes.reshape(-1), scales.reshape(-1)
     numel = codes.numel()
     if block_numel is None and numel == scales.numel() * group_size:
         values = codes.view(scales.numel(), -1).float() * scales.unsqueeze(1)
@@ -45,7 +47,7 @@ def dequantize(codes, scales, group_size, dtype, block_numel=None):
         else:
             group_of = (index // block_numel) * -(-block_numel // group_size) + (index % block_numel) // group_size
         values = codes.float() * scales[group_of]
-    return values.view(-1).to(dtype)
+    return values.view(shape).to(dtype)
 
 
 def _quantize_int4(values, feedback):
