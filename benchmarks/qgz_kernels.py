@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from deepspeed_zeropp import qgz_wire  # noqa: E402
+from deepspeed_zeropp.formats import int4 as qgz_wire  # noqa: E402
 from deepspeed_zeropp.backends import cuda as ours  # noqa: E402
 from deepspeed_zeropp.bench import environment, load_deepspeed_op, time_per_call  # noqa: E402
 

@@ -13,12 +13,13 @@
 #include <tuple>
 
 #include "quantizer.h"
+#include "wire_formats.h"
 
 namespace {
 
-// Last-resort argument checks, throwing std::invalid_argument (ValueError) rather than TORCH_CHECK's c10::Error. On
-// the H200 host (torch 2.11, CUDA 13) a c10::Error thrown by an extension built like this one crashed the
-// interpreter, and so did this extension's std exceptions: the Python wrappers (backends/cuda.py) check first.
+// Last-resort argument checks, throwing std::invalid_argument (ValueError) rather than TORCH_CHECK's c10::Error. With
+// torch 2.11 and CUDA 13 a c10::Error thrown by an extension built like this one has crashed the interpreter, and so
+// have this extension's std exceptions: the Python wrappers (backends/cuda.py) check first.
 template <typename... Args>
 void require(bool ok, const Args&... message)
 {
@@ -127,18 +128,14 @@ at::Tensor dequantize(
     return out;
 }
 
-constexpr int64_t kQgzGroup = 256;
-
-int64_t qgz_block_bytes(int64_t rows, int64_t padded_chunk)
-{
-    return rows * padded_chunk / 2 + rows * (padded_chunk / kQgzGroup) * 4;
-}
+using dszpp::int4::block_bytes;
+using dszpp::int4::kGroup;
 
 void check_qgz_geometry(int64_t rows, int64_t padded_chunk)
 {
     require(rows >= 1 && rows <= INT32_MAX, "rows must be in [1, 2^31), got ", rows);
-    require(padded_chunk >= 0 && padded_chunk % kQgzGroup == 0,
-                "padded_chunk must be a non-negative multiple of ", kQgzGroup, ", got ", padded_chunk);
+    require(padded_chunk >= 0 && padded_chunk % kGroup == 0,
+                "padded_chunk must be a non-negative multiple of ", kGroup, ", got ", padded_chunk);
 }
 
 // Blocks arrive from an all-to-all: [sources, block bytes], contiguous, 4-byte aligned for the word accesses.
@@ -147,8 +144,8 @@ int check_qgz_blocks(const at::Tensor& blocks, int64_t rows, int64_t padded_chun
     require(blocks.is_cuda(), "blocks must be a CUDA tensor");
     require(blocks.scalar_type() == at::kByte, "blocks must be uint8, got ", blocks.scalar_type());
     require(blocks.dim() == 2 && blocks.is_contiguous(), "blocks must be 2-D [sources, bytes] and contiguous");
-    require(blocks.size(1) == qgz_block_bytes(rows, padded_chunk),
-                "blocks hold ", blocks.size(1), " bytes per source, expected ", qgz_block_bytes(rows, padded_chunk));
+    require(blocks.size(1) == block_bytes(rows, padded_chunk),
+                "blocks hold ", blocks.size(1), " bytes per source, expected ", block_bytes(rows, padded_chunk));
     require(blocks.size(0) >= 1 && blocks.size(0) <= INT32_MAX, "blocks need 1 to 2^31 - 1 sources");
     require(reinterpret_cast<uintptr_t>(blocks.data_ptr()) % 4 == 0, "blocks must be 4-byte aligned");
     return static_cast<int>(blocks.size(0));
@@ -163,7 +160,7 @@ at::Tensor qgz_encode(const at::Tensor& input, int64_t destinations, int64_t row
     require(chunk >= 0 && chunk <= padded_chunk, "chunk must be in [0, padded_chunk]");
     require(destinations * rows * chunk >= input.numel(), "destinations * rows chunks do not cover the input");
     const c10::cuda::CUDAGuard device_guard(input.device());
-    at::Tensor out = at::empty({destinations, qgz_block_bytes(rows, padded_chunk)}, input.options().dtype(at::kByte));
+    at::Tensor out = at::empty({destinations, block_bytes(rows, padded_chunk)}, input.options().dtype(at::kByte));
     dszpp::launch_qgz_encode(format,
                              input.data_ptr(),
                              input.numel(),
@@ -182,7 +179,7 @@ at::Tensor qgz_reduce_encode(const at::Tensor& blocks, int64_t rows, int64_t pad
     check_qgz_geometry(rows, padded_chunk);
     const int sources = check_qgz_blocks(blocks, rows, padded_chunk);
     const c10::cuda::CUDAGuard device_guard(blocks.device());
-    at::Tensor out = at::empty({rows, qgz_block_bytes(1, padded_chunk)}, blocks.options());
+    at::Tensor out = at::empty({rows, block_bytes(1, padded_chunk)}, blocks.options());
     dszpp::launch_qgz_reduce_encode(blocks.data_ptr<uint8_t>(),
                                     sources,
                                     static_cast<int>(rows),
@@ -220,7 +217,7 @@ at::Tensor qgz_encode_feedback(const at::Tensor& input,
     require(destinations * rows * chunk >= input.numel(), "destinations * rows chunks do not cover the input");
     check_qgz_error(error, input.device(), destinations * rows * padded_chunk);
     const c10::cuda::CUDAGuard device_guard(input.device());
-    at::Tensor out = at::empty({destinations, qgz_block_bytes(rows, padded_chunk)}, input.options().dtype(at::kByte));
+    at::Tensor out = at::empty({destinations, block_bytes(rows, padded_chunk)}, input.options().dtype(at::kByte));
     dszpp::launch_qgz_encode_feedback(format,
                                       input.data_ptr(),
                                       input.numel(),
@@ -248,7 +245,7 @@ at::Tensor qgz_reduce_encode_feedback(const at::Tensor& blocks,
     const int sources = check_qgz_blocks(blocks, rows, padded_chunk);
     check_qgz_error(error, blocks.device(), rows * padded_chunk);
     const c10::cuda::CUDAGuard device_guard(blocks.device());
-    at::Tensor out = at::empty({rows, qgz_block_bytes(1, padded_chunk)}, blocks.options());
+    at::Tensor out = at::empty({rows, block_bytes(1, padded_chunk)}, blocks.options());
     dszpp::launch_qgz_reduce_encode_feedback(blocks.data_ptr<uint8_t>(),
                                              sources,
                                              static_cast<int>(rows),

@@ -1,4 +1,4 @@
-// qgZ's 4-bit gradient codec (layout: deepspeed_zeropp/qgz_wire.py), one warp per group of 256 values.
+// qgZ's 4-bit gradient codec (wire: docs/numerics.md, constants: wire_formats.h), one warp per group of 256 values.
 //
 // Each lane owns 8 consecutive values of its warp's group, which are exactly one 32-bit word of packed codes, so
 // every code load and store is one coalesced word per lane, and the group's absmax is a warp shuffle reduction: no
@@ -16,18 +16,19 @@
 
 #include "formats.cuh"
 #include "quantizer.h"
+#include "wire_formats.h"
 
 namespace dszpp {
 namespace {
 
-constexpr int kGroup = 256;               // values per 4-bit group (qgz_wire.GROUP)
+using int4::kGroup;
+using int4::kLevels;
+using int4::kMinScale;
+using int4::kStep;
 constexpr int kPerLane = kGroup / 32;     // 8 values = 8 nibbles = one 32-bit word per lane
 constexpr int kWarps = 8;                 // warps (groups) per block
-constexpr int kLevels = 7;                // codes in [-7, 7] (qgz_wire.LEVELS): symmetric, so rounding is unbiased
-constexpr float kStep = 1.f / kLevels;    // qgz_wire.STEP: 1/7 correctly rounded; 7 * kStep rounds to exactly 1
-constexpr float kMinScale = 0x1p-125f;    // qgz_wire.MIN_SCALE: kLevels / kMinScale < FLT_MAX
 // Encode asks for >= 6 resident blocks per SM (<= 40 registers per thread): at 4 blocks (32 warps), 16-bit encoding
-// stalled on its loads with a third of the DRAM bandwidth in use (Nsight Compute, H200).
+// stalls on its loads with a third of the DRAM bandwidth in use.
 constexpr int kEncodeBlocksPerSm = 6;
 
 // max(a, b), NaN if either is NaN (fmaxf drops a NaN): one instruction from sm_80 on.
@@ -293,9 +294,10 @@ __global__ void __launch_bounds__(kWarps * 32) decode_sum_kernel(const uint8_t* 
     }
 }
 
-// LoCo error feedback (qgz_wire.Feedback) on a lane's 8 fp32 inputs x of one group: v = x + e, with e the lane's 8
-// errors at `error` (16-byte aligned); v is quantized, and the errors become (beta * e) + (keep * (v - decoded v)),
-// or 0 in a non-finite group. The same fp32 operations in the same order as qgz_wire._quantize_with_feedback.
+// LoCo error feedback (deepspeed_zeropp/formats/int4.py, Feedback) on a lane's 8 fp32 inputs x of one group: v = x + e,
+// with e the lane's 8 errors at `error` (16-byte aligned); v is quantized, and the errors become
+// (beta * e) + (keep * (v - decoded v)), or 0 in a non-finite group. The same fp32 operations in the same order as
+// int4.quantize_with_feedback.
 __device__ __forceinline__ void quantize_with_feedback(const float (&x)[kPerLane],
                                                        float* __restrict__ error,
                                                        float beta,
@@ -422,7 +424,7 @@ void encode(const void* input,
     // Two groups per warp: with 6+ blocks per SM that keeps enough loads in flight without spilling registers.
     constexpr int kGroupsPerWarp = 2;
     const int64_t groups = static_cast<int64_t>(destinations) * rows * (padded_chunk / kGroup);
-    const int64_t block_bytes = rows * padded_chunk / 2 + rows * (padded_chunk / kGroup) * 4;
+    const int64_t block_bytes = int4::block_bytes(rows, padded_chunk);
     if (groups == 0) return;
     const int64_t warps = (groups + kGroupsPerWarp - 1) / kGroupsPerWarp;
     const auto* bits = static_cast<const typename Fmt::Bits*>(input);
@@ -453,7 +455,7 @@ void encode_feedback(const void* input,
                      cudaStream_t stream)
 {
     const int64_t groups = static_cast<int64_t>(destinations) * rows * (padded_chunk / kGroup);
-    const int64_t block_bytes = rows * padded_chunk / 2 + rows * (padded_chunk / kGroup) * 4;
+    const int64_t block_bytes = int4::block_bytes(rows, padded_chunk);
     if (groups == 0) return;
     encode_feedback_kernel<Fmt><<<blocks_for(groups), kWarps * 32, 0, stream>>>(
         static_cast<const typename Fmt::Bits*>(input), numel, chunk, padded_chunk, destinations, rows, error, beta,

@@ -1,5 +1,5 @@
-// Host-side entry points of the native quantizers: symmetric int8 weights (wire format: DESIGN.md "Wire format") and
-// qgZ's 4-bit gradient blocks (layout: deepspeed_zeropp/qgz_wire.py).
+// Host-side entry points of the native quantizers: symmetric int8 weights and qgZ's 4-bit gradient blocks (wire
+// formats: docs/numerics.md; qgZ's constants: wire_formats.h).
 //
 // Kept free of torch headers so that the kernels compile in seconds; binding.cpp does the tensor checks
 // and calls these with raw pointers on the caller's current stream.
@@ -36,9 +36,9 @@ void launch_dequantize(Format format,
                        int64_t block_numel,
                        cudaStream_t stream);
 
-// qgZ, groups of 256 values. A block of `rows` rows holds rows * padded_chunk / 2 bytes of codes, then one fp32 scale
-// per group. Encode writes one block per destination d: row m quantizes chunk (m * destinations + d) of `input`
-// (chunks of `chunk` values, zero-padded to padded_chunk, values past numel are 0).
+// qgZ, groups of int4::kGroup values. A block of `rows` rows holds rows * padded_chunk / 2 bytes of codes, then one
+// fp32 scale per group. Encode writes one block per destination d: row m quantizes chunk (m * destinations + d) of
+// `input` (chunks of `chunk` values, zero-padded to padded_chunk, values past numel are 0).
 void launch_qgz_encode(Format format,
                        const void* input,
                        int64_t numel,
@@ -67,7 +67,7 @@ void launch_qgz_decode_sum(Format format,
                            int64_t count,
                            cudaStream_t stream);
 
-// LoCo: launch_qgz_encode / launch_qgz_reduce_encode with error feedback (deepspeed_zeropp/qgz_wire.py): `error` holds
+// LoCo: launch_qgz_encode / launch_qgz_reduce_encode with error feedback (docs/numerics.md): `error` holds
 // one fp32 value per encoded value (destinations * rows * padded_chunk, resp. rows * padded_chunk; 16-byte aligned),
 // added to the input before quantizing and updated in place; `keep` is 1 - beta.
 void launch_qgz_encode_feedback(Format format,

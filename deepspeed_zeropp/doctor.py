@@ -24,8 +24,9 @@ def _round_trip(device, backend):
     import torch
     from . import ops
     from .backends import serving_name
+    from .dtypes import SUPPORTED_DTYPES
     lines = []
-    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+    for dtype in SUPPORTED_DTYPES:
         if device == "cpu" and dtype == torch.float16:
             continue  # DeepSpeed refuses fp16 on its CPU accelerator; nothing to prove here
         x = torch.randn(4099, device=device).to(dtype) * 1e3
@@ -79,16 +80,22 @@ def _activation_checks():
 def checks(backend="auto"):
     """Yield (level, message) pairs."""
     import torch
-    from .backends import BACKENDS
+    from .backends import BACKENDS, qgz_backend_name
+    from .patching import sites
     yield OK, f"Python {platform.python_version()}, torch {torch.__version__}"
     cuda = torch.cuda.is_available()
     yield OK, (f"CUDA {torch.version.cuda}: {torch.cuda.get_device_name()}" if cuda else "CUDA: not available")
     ds = _version("deepspeed")
     if ds is None:
-        yield PROBLEM, "DeepSpeed is not installed: pip install deepspeed (0.16 or newer)"
+        yield PROBLEM, f"DeepSpeed is not installed: pip install 'deepspeed>={sites.OLDEST_SUPPORTED}'"
         return
     release = Version(Version(ds).base_version)
-    if release < Version("0.19.6"):
+    if release < Version(sites.OLDEST_SUPPORTED):
+        yield PROBLEM, (f"DeepSpeed {ds} is older than the oldest release deepspeed_zeropp supports "
+                        f"({sites.OLDEST_SUPPORTED}): pip install 'deepspeed>={sites.OLDEST_SUPPORTED}'")
+    elif release > Version(sites.NEWEST_KNOWN):
+        yield WARN, f"DeepSpeed {ds} is newer than the newest release tested ({sites.NEWEST_KNOWN})"
+    if release < Version(sites.UPSTREAM_DTYPE_FIX):
         yield WARN, (f"DeepSpeed {ds} has the dtype bug: bf16/fp32 with zero_quantized_weights crashes "
                      "('expected scalar type Half but found BFloat16', #7775) or corrupts weights")
     else:
@@ -109,6 +116,9 @@ def checks(backend="auto"):
     for site_report in report.sites:
         level = PROBLEM if site_report.status.startswith("missing") else OK
         yield level, f"site {site_report.name}: {site_report.status}"
+    if qgz_backend_name(backend) != backend:
+        yield WARN, (f"backend {backend} has no qgZ: zero_quantized_gradients (and LoCo) run on backend "
+                     f"{qgz_backend_name(backend)}")
     if not was_patched:
         deepspeed_zeropp.unpatch()
     if backend in ("auto", "torch"):

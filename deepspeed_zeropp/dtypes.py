@@ -5,14 +5,14 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DEFAULT_DEQUANT_DTYPE = torch.float16  # what DeepSpeed's dequantize returns when no dtype is asked for
 
 
-def _names(dtypes):
+def dtype_names(dtypes=SUPPORTED_DTYPES):
     return ", ".join(str(d) for d in dtypes)
 
 
 def check_float_dtype(dtype, what):
     """Raise TypeError unless ``dtype`` is one the quantizer reads and writes natively."""
     if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{what} has dtype {dtype}; deepspeed_zeropp supports {_names(SUPPORTED_DTYPES)}")
+        raise TypeError(f"{what} has dtype {dtype}; deepspeed_zeropp supports {dtype_names()}")
 
 
 def check_wire_tensors(codes, scales):

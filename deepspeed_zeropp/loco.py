@@ -3,7 +3,7 @@
 DeepSpeed's ``all_to_all_loco_quant_reduce(params, groups, loco_param)`` (0.16.2 to 0.19.7) reduces each
 parameter's ``.grad`` like ``all_to_all_quant_reduce``, with kernels that read the gradient and its error buffers as
 fp16 bits whatever their dtype. This one runs our qgZ (``qgz``: the same blocks, stages and unquantized path) with
-each quantization compensated by the error it made before (``qgz_wire.Feedback``), in the gradient's own dtype.
+each quantization compensated by the error it made before (``formats.int4.Feedback``), in the gradient's own dtype.
 
 Config (``zeropp_loco_param``, as DeepSpeed documents it): ``err_beta`` in [0, 1] (default 0.8) weights the carried
 error against the new one, ``e <- err_beta * e + (1 - err_beta) * (quantization error of e + input)``, at each
@@ -22,7 +22,7 @@ import numbers
 import torch
 
 from . import qgz
-from .qgz_wire import Feedback, weights
+from .formats.int4 import Feedback, weights
 
 DEFAULTS = {"err_beta": 0.8, "reset_T": 1024}
 INTRA, INTER = "intra_ef_buf", "inter_ef_buf"

@@ -3,8 +3,9 @@
 DeepSpeed's ``all_to_all_quant_reduce`` hands every gradient to kernels that read it as fp16 bits, sums the node-local
 partials in fp16 and casts the fp16 result back. This keeps its communication pattern (4-bit codes, an all-to-all
 inside each node, then one across nodes) but reads each gradient in its own dtype, accumulates every sum in fp32,
-and rounds once to the gradient's dtype. The codec (``qgz_wire``: pure torch, any device, gloo; ``csrc/qgz.cu`` for
-CUDA tensors, bit for bit the same) is chosen by the patch's backend.
+and rounds once to the gradient's dtype. The wire is ``formats/int4.py``; its steps come from the backend that serves
+qgZ for the patch's backend (``backends.qgz_backend``: pure torch on any device and over gloo, ``csrc/qgz.cu`` for
+CUDA tensors, bit for bit the same).
 
 Layout: rank r = node * L + local owns chunk r of the flattened gradient (as ``reduce_scatter_coalesced``), and the
 result is the mean over all ranks, as there. Chunks are padded to whole 4-bit groups with zeros. With one rank per
@@ -21,16 +22,13 @@ import math
 
 import torch
 
-from .backends import resolve_backend
-from .qgz_wire import GROUP, dequantize_int4, quantize_int4  # noqa: F401  (the codec, re-exported)
+from . import backends
+from .formats.int4 import GROUP
 
 
 def _codec(device):
-    """The backend module serving qgZ on ``device``. "deepspeed" (DeepSpeed's weight op) has no qgZ of its own
-    that keeps dtypes, so it is served as "auto"."""
-    from .quantizer import QuantizerMethods
-    name = QuantizerMethods.backend if QuantizerMethods.backend in ("torch", "cuda") else "auto"
-    return resolve_backend(name, device)
+    """The backend module serving qgZ on ``device`` for the default backend (its qgZ rule: backends/__init__.py)."""
+    return backends.qgz_backend(backends.default(), device)
 
 
 def _all_to_all(blocks, group):
@@ -77,7 +75,7 @@ def _reduce_scatter_plain(tensors, world, rank, factor):
 
 def _reduce_scatter_one(gradient, topology, groups, feedback=None):
     """This rank's mean-reduced chunk of one gradient through the 4-bit stages; ``feedback`` (LoCo): None, or the
-    error feedback of the first and of the second quantization (``qgz_wire.Feedback``; the second is None with one
+    error feedback of the first and of the second quantization (``int4.Feedback``; the second is None with one
     rank per node, where the gradient is quantized once)."""
     world, local_size, nodes, rank, factor = topology
     node, local = divmod(rank, local_size)

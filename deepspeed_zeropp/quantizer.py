@@ -5,14 +5,13 @@
 class covers every instance, existing or future. The signatures match upstream 0.19.6+:
 ``quantize(param, groups=None)`` and ``dequantize(quantized_param, scale, dtype=None)``.
 """
-from . import ops
+from . import backends, ops
 from .scope import DEFERRED, current_target, quantize_is_deferred
 
 
 class QuantizerMethods:
-    """Holder for the replacement methods; ``backend`` is set by ``deepspeed_zeropp.patch``."""
-
-    backend = "auto"
+    """Holder for the replacement methods; they quantize with ``backends.default()``, which
+    ``deepspeed_zeropp.patch`` sets."""
 
     def __init__(self):
         """Why this seam: upstream's constructor loads the fp16-only CUDA op, which does not exist on CPU and
@@ -24,7 +23,7 @@ class QuantizerMethods:
         (gloo-compatible)."""
         if quantize_is_deferred():
             return param.zero_(), DEFERRED
-        return ops.quantize(param, groups, backend=QuantizerMethods.backend)
+        return ops.quantize(param, groups, backend=backends.default())
 
     def dequantize(self, quantized_param, scale, dtype=None):
         """Why this seam: upstream always returns fp16. An explicit ``dtype`` wins; otherwise the dtype the
@@ -32,24 +31,20 @@ class QuantizerMethods:
         says how the gathered codes are laid out (one quantized block per rank)."""
         target = current_target()
         if target is None:
-            return ops.dequantize(quantized_param, scale, dtype, backend=QuantizerMethods.backend)
+            return ops.dequantize(quantized_param, scale, dtype, backend=backends.default())
         dtype = dtype or target.dtype
         if target.segments:
-            return ops.dequantize_segments(quantized_param,
-                                           scale,
-                                           target.segments,
-                                           dtype,
-                                           backend=QuantizerMethods.backend)
+            return ops.dequantize_segments(quantized_param, scale, target.segments, dtype, backend=backends.default())
         return ops.dequantize(quantized_param,
                               scale,
                               dtype,
                               block_numel=target.block_numel_of(quantized_param),
-                              backend=QuantizerMethods.backend)
+                              backend=backends.default())
 
     @staticmethod
     def quantize_partition(partition, like=None):
         """Int8 codes of a float ZeRO partition, to replace ``like`` (default: the partition itself)."""
-        codes, scales = ops.quantize(partition, backend=QuantizerMethods.backend)
+        codes, scales = ops.quantize(partition, backend=backends.default())
         return QuantizerMethods.stored_partition(codes, scales, partition if like is None else like)
 
     @staticmethod
@@ -63,4 +58,4 @@ class QuantizerMethods:
     @staticmethod
     def dequantize_partition(partition, dtype):
         """A MixZ++ partition's values in ``dtype``: what a forward gathers from it."""
-        return ops.dequantize(partition, partition.ds_quant_scale, dtype, backend=QuantizerMethods.backend)
+        return ops.dequantize(partition, partition.ds_quant_scale, dtype, backend=backends.default())

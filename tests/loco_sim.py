@@ -11,8 +11,9 @@ gradient converges to the exact mean (its error is at most the last carried erro
 import torch
 
 from deepspeed_zeropp.backends import torch_ref
+from deepspeed_zeropp.dtypes import SUPPORTED_DTYPES
 from deepspeed_zeropp.loco import error_sizes
-from deepspeed_zeropp.qgz_wire import GROUP, Feedback, weights
+from deepspeed_zeropp.formats.int4 import GROUP, Feedback, weights
 from tests.qgz_sim import reduce_scatter
 
 
@@ -76,7 +77,7 @@ def main():
           "gradient's dtype |")
     print("|---|---|---|---|---|---|---|")
     for world, local_size in ((2, 1), (4, 2)):
-        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for dtype in SUPPORTED_DTYPES:
             for steps in (64, 1024):
                 args = dict(world=world, local_size=local_size, dtype=dtype, steps=steps, numel=1024 * world)
                 figures = [running_mean_error(**args, err_beta=beta) for beta in (None, 0.0, 0.8)]

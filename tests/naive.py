@@ -1,6 +1,6 @@
 """An independent reference of the wire format (numpy float32 arithmetic, one group at a time).
 
-Written from DESIGN.md's formula, not from the package's code, so that exact equality with it means the
+Written from the formula in docs/numerics.md, not from the package's code, so that exact equality with it means the
 backends implement the formula and not merely agree with each other. Layouts are given explicitly: ``groups``
 groups of ``group_size`` elements (default: equal groups), the last one ending at the buffer's end.
 """

@@ -11,7 +11,7 @@ import math
 import torch
 
 from deepspeed_zeropp.backends import torch_ref
-from deepspeed_zeropp.qgz_wire import GROUP
+from deepspeed_zeropp.formats.int4 import GROUP
 
 
 def geometry(numel, world):
@@ -28,7 +28,7 @@ def bound_of_largest(local_size):
 
 def reduce_scatter(gradients, local_size, codec, feedbacks=None):
     """Every rank's partition of the mean of ``gradients`` (one per rank, rank = node * local_size + local).
-    ``feedbacks``: None, or per rank a pair (first, second) of ``qgz_wire.Feedback`` (second None when
+    ``feedbacks``: None, or per rank a pair (first, second) of ``int4.Feedback`` (second None when
     local_size == 1), whose errors are updated in place."""
     world = len(gradients)
     nodes = world // local_size

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import torch
 
-from ..qgz_wire import GROUP, block_bytes
+from ..dtypes import SUPPORTED_DTYPES, dtype_names
+from ..formats.int4 import GROUP, block_bytes
 
+NAME = "cuda"
+SERVES_QGZ = True
 EXTENSION_NAME = "deepspeed_zeropp_quantizer"
 SOURCES = ("binding.cpp", "quantize.cu", "dequantize.cu", "qgz.cu")
 CACHE_ENV = "DEEPSPEED_ZEROPP_CACHE"
@@ -144,12 +147,9 @@ def dequantize(codes, scales, group_size, dtype, block_numel=None):
                                                 group_size if block_numel is None else block_numel, _FORMAT_IDS[dtype])
 
 
-QGZ_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
 def _check_qgz(condition, message):
-    """Arguments are checked here, before the extension: an exception thrown inside it (std or c10) crashed the
-    interpreter on the H200 host (torch 2.11, CUDA 13) instead of raising."""
+    """Arguments are checked here, before the extension: an exception thrown inside it (std or c10) has been seen
+    to crash the interpreter (torch 2.11, CUDA 13) instead of raising."""
     if not condition:
         raise ValueError(f"deepspeed_zeropp qgZ kernels: {message}")
 
@@ -184,11 +184,11 @@ def _check_feedback(feedback, values, device):
 
 
 def qgz_encode(flat, destinations, rows, chunk, padded_chunk, feedback=None):
-    """qgZ: a flat CUDA gradient -> uint8 blocks [destinations, block bytes] (layout: ``qgz_wire``); with a
-    ``qgz_wire.Feedback``, LoCo's error feedback (its error updated in place)."""
+    """qgZ: a flat CUDA gradient -> uint8 blocks [destinations, block bytes] (layout: ``formats/int4.py``); with
+    an ``int4.Feedback``, LoCo's error feedback (its error updated in place)."""
     _check_qgz(flat.is_cuda and flat.dim() == 1 and flat.is_contiguous(),
                "the gradient must be a flat contiguous CUDA tensor")
-    _check_qgz(flat.dtype in QGZ_DTYPES, f"the gradient must be float16, bfloat16 or float32, got {flat.dtype}")
+    _check_qgz(flat.dtype in SUPPORTED_DTYPES, f"the gradient must be one of {dtype_names()}, got {flat.dtype}")
     _check_geometry(rows, padded_chunk)
     _check_qgz(destinations >= 1 and 0 <= chunk <= padded_chunk,
                f"need destinations >= 1 and 0 <= chunk <= padded_chunk, got {destinations}, {chunk}, {padded_chunk}")
@@ -204,7 +204,7 @@ def qgz_encode(flat, destinations, rows, chunk, padded_chunk, feedback=None):
 
 def qgz_reduce_encode(blocks, rows, padded_chunk, feedback=None):
     """qgZ: received blocks [sources, bytes] of ``rows`` rows -> fp32 sum over sources -> [rows, bytes of one row];
-    with a ``qgz_wire.Feedback``, LoCo's error feedback on the sums (its error updated in place)."""
+    with an ``int4.Feedback``, LoCo's error feedback on the sums (its error updated in place)."""
     _check_geometry(rows, padded_chunk)
     _check_blocks(blocks, rows, padded_chunk)
     _check_qgz(rows * (padded_chunk // GROUP) < 2**31, f"at most 2^31 - 1 groups of {GROUP} per call")
@@ -219,7 +219,7 @@ def qgz_decode_sum(blocks, padded_chunk, count, factor, dtype):
     """qgZ: received one-row blocks -> the first ``count`` values of (fp32 sum over sources) * factor, in ``dtype``."""
     _check_geometry(1, padded_chunk)
     _check_blocks(blocks, 1, padded_chunk)
-    _check_qgz(dtype in QGZ_DTYPES, f"the output dtype must be float16, bfloat16 or float32, got {dtype}")
+    _check_qgz(dtype in SUPPORTED_DTYPES, f"the output dtype must be one of {dtype_names()}, got {dtype}")
     _check_qgz(0 <= count <= padded_chunk, f"count must be in [0, padded_chunk], got {count}")
     out = torch.empty(count, dtype=dtype, device=blocks.device)
     _extension().qgz_decode_sum(blocks, padded_chunk, factor, out)

@@ -1,14 +1,17 @@
 """Pure-torch quantizer: the reference implementation of the wire format, on any device.
 
-Every number follows DESIGN.md's formula literally so that the other backends can be tested against it:
-absmax per group in the input dtype, multiplier 128/absmax in fp32, codes rounded half-to-even and clamped
-to [-128, 127], stored scale 1/multiplier, dequantization in fp32 rounded once to the requested dtype.
-Group layouts: grouping.py.
+Every number follows the wire formats (docs/numerics.md, ``formats/``) literally so that the other backends can be
+tested against it. int8 weights: absmax per group in the input dtype, multiplier 128/absmax in fp32, codes rounded
+half-to-even and clamped to [-128, 127], stored scale 1/multiplier, dequantization in fp32 rounded once to the
+requested dtype; group layouts: grouping.py. qgZ: the three steps of ``formats/int4.py`` on its per-group codec.
 """
 import torch
 
-from .. import qgz_wire
-from ..wire import multiplier_from_absmax
+from ..formats import int4
+from ..formats.int8 import CODE_MAX, CODE_MIN, multiplier_from_absmax
+
+NAME = "torch"
+SERVES_QGZ = True
 
 
 def quantize(x, groups, group_size=None):
@@ -24,7 +27,7 @@ def quantize(x, groups, group_size=None):
     multiplier, stored_scale, finite = multiplier_from_absmax(absmax)
     scaled = grouped.float() * multiplier.unsqueeze(1)
     scaled = torch.where(finite.unsqueeze(1), scaled, torch.zeros_like(scaled))
-    codes = scaled.round_().clamp_(-128, 127).to(torch.int8)
+    codes = scaled.round_().clamp_(CODE_MIN, CODE_MAX).to(torch.int8)
     return codes.view(-1)[:numel].view(x.shape), stored_scale
 
 
@@ -47,7 +50,53 @@ def dequantize(codes, scales, group_size, dtype, block_numel=None):
     return values.view(shape).to(dtype)
 
 
-# qgZ's codec: the torch implementation lives with its layout in qgz_wire.
-qgz_encode = qgz_wire.encode
-qgz_reduce_encode = qgz_wire.reduce_encode
-qgz_decode_sum = qgz_wire.decode_sum
+def _quantize_int4(values, feedback):
+    return int4.quantize_int4(values) if feedback is None else int4.quantize_with_feedback(values, feedback)
+
+
+def _to_blocks(packed, scales, blocks):
+    """Codes and scales as ``blocks`` blocks: each block's packed codes, then its fp32 scales as raw bytes."""
+    codes_bytes = packed.numel() // blocks
+    out = torch.empty(blocks,
+                      codes_bytes + scales.numel() * int4.SCALE_BYTES // blocks,
+                      dtype=torch.uint8,
+                      device=packed.device)
+    out[:, :codes_bytes] = packed.view(blocks, -1)
+    out[:, codes_bytes:] = scales.reshape(blocks, -1).view(torch.uint8)
+    return out
+
+
+def _sum_of_sources(blocks, rows, padded_chunk):
+    """fp32 values of every source's rows, summed over sources in order: [rows * padded_chunk]."""
+    codes_bytes = int4.codes_bytes(rows, padded_chunk)
+    packed = blocks[:, :codes_bytes]
+    scales = blocks[:, codes_bytes:].reshape(-1).view(torch.float32)  # flat: an empty block views as well
+    values = int4.dequantize_int4(packed.reshape(-1), scales.reshape(-1)).view(blocks.shape[0], -1)
+    total = values[0].clone()
+    for source in values[1:]:
+        total += source
+    return total
+
+
+def qgz_encode(flat, destinations, rows, chunk, padded_chunk, feedback=None):
+    """A flat gradient -> uint8 blocks [destinations, int4.block_bytes(rows, padded_chunk)]; ``feedback``: an
+    ``int4.Feedback`` of ``destinations * rows * padded_chunk`` values, or None."""
+    chunks_total = destinations * rows
+    values = torch.zeros(chunks_total * chunk, dtype=torch.float32, device=flat.device)
+    values[:flat.numel()] = flat  # exact: every fp16/bf16 value is an fp32 value
+    chunks = torch.zeros(chunks_total, padded_chunk, dtype=torch.float32, device=flat.device)
+    chunks[:, :chunk] = values.view(chunks_total, chunk)
+    swizzled = chunks.view(rows, destinations, padded_chunk).transpose(0, 1)  # [d, m] = chunk m * destinations + d
+    return _to_blocks(*_quantize_int4(swizzled.reshape(-1), feedback), destinations)
+
+
+def qgz_reduce_encode(blocks, rows, padded_chunk, feedback=None):
+    """Received blocks [sources, int4.block_bytes(rows, padded_chunk)] -> [rows, int4.block_bytes(1, padded_chunk)];
+    ``feedback``: an ``int4.Feedback`` of ``rows * padded_chunk`` values, or None."""
+    return _to_blocks(*_quantize_int4(_sum_of_sources(blocks, rows, padded_chunk), feedback), rows)
+
+
+def qgz_decode_sum(blocks, padded_chunk, count, factor, dtype):
+    """Received one-row blocks [sources, int4.block_bytes(1, padded_chunk)] -> ``count`` values in ``dtype``.
+    ``factor`` must be an fp32 value (the kernels take it as float)."""
+    return (_sum_of_sources(blocks, 1, padded_chunk)[:count] * factor).to(dtype)

@@ -6,9 +6,8 @@ from typing import List, NamedTuple
 
 from packaging.version import Version
 
-from ..backends import check_backend_name
-from ..quantizer import QuantizerMethods
-from .seams import MARKER, mark
+from .. import backends
+from .seams.common import MARKER, mark
 from .sites import NEWEST_KNOWN, OLDEST_SUPPORTED, SITES
 
 logger = logging.getLogger("deepspeed_zeropp")
@@ -30,6 +29,7 @@ class PatchReport(NamedTuple):
     deepspeed_version: str
     backend: str
     sites: List[SiteReport]
+    qgz_backend: str = "auto"  # the backend serving qgZ for ``backend`` (backends.qgz_backend_name)
 
     @property
     def patched(self):
@@ -37,7 +37,8 @@ class PatchReport(NamedTuple):
 
     def __str__(self):
         width = max(len(s.name) for s in self.sites)
-        lines = [f"deepspeed_zeropp on DeepSpeed {self.deepspeed_version} (backend: {self.backend})"]
+        qgz = "" if self.qgz_backend == self.backend else f"; qgZ: {self.qgz_backend}"
+        lines = [f"deepspeed_zeropp on DeepSpeed {self.deepspeed_version} (backend: {self.backend}{qgz})"]
         lines += [f"  {s.name:<{width}}  {s.status}{'  (' + s.detail + ')' if s.detail else ''}" for s in self.sites]
         return "\n".join(lines)
 
@@ -91,12 +92,13 @@ def patch(backend="auto", strict=True, exclude=()):
     """Patch the installed DeepSpeed so ZeRO-3 quantized weights keep every parameter's dtype.
 
     ``backend``: "auto" (native CUDA kernels for CUDA tensors, pure torch elsewhere), "torch", "cuda", or
-    "deepspeed" (DeepSpeed's own fp16 op with casts around it, upstream 0.19.6+ numerics). Idempotent: a second
+    "deepspeed" (DeepSpeed's own fp16 op with casts around it, upstream 0.19.6+ numerics; it has no qgZ, so
+    zero_quantized_gradients runs on "auto", as the report says: ``backends.qgz_backend_name``). Idempotent: a second
     call only switches the backend. With ``strict`` a site expected on this release but not found raises
     :class:`PatchError` naming the site and the DeepSpeed version. All or nothing: if the call raises, every
     object it replaced is restored and the backend is unchanged. ``exclude`` names sites to leave alone (tests
     use it to show what each site fixes). Returns a :class:`PatchReport`."""
-    check_backend_name(backend)
+    backends.check_backend_name(backend)
     import deepspeed
     version = _check_version(deepspeed.__version__, strict)
     replaced = []  # names of the sites this call replaced, to undo on failure
@@ -106,8 +108,8 @@ def patch(backend="auto", strict=True, exclude=()):
         for name in reversed(replaced):
             _restore(name)
         raise
-    QuantizerMethods.backend = backend
-    return PatchReport(deepspeed.__version__, backend, reports)
+    backends.set_default(backend)
+    return PatchReport(deepspeed.__version__, backend, reports, backends.qgz_backend_name(backend))
 
 
 def _site_report(site, version, version_string, exclude, strict, replaced):
@@ -141,4 +143,4 @@ def unpatch():
     """Restore every object the patch replaced, exactly as it was. Safe to call when nothing is patched."""
     for name in reversed(list(_originals)):
         _restore(name)
-    QuantizerMethods.backend = "auto"
+    backends.set_default("auto")

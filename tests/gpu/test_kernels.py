@@ -11,10 +11,11 @@ if not torch.cuda.is_available():
 from deepspeed_zeropp import ops  # noqa: E402
 from deepspeed_zeropp.backends import cuda as cuda_backend  # noqa: E402
 from deepspeed_zeropp.backends import torch_ref  # noqa: E402
+from deepspeed_zeropp.dtypes import SUPPORTED_DTYPES  # noqa: E402
 from deepspeed_zeropp.grouping import group_layout  # noqa: E402
 from tests.helpers import assert_bitwise, extension_builds  # noqa: E402,F401
 
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DTYPES = SUPPORTED_DTYPES
 DTYPE_IDS = ("fp16", "bf16", "fp32")
 # (numel, groups): single elements, sizes below one 16-byte packet, group sizes that are no multiple of the packet
 # (edge elements), primes above DeepSpeed's 16384 limit, the usual ~4-8k groups, and groups too big to keep in

@@ -1,4 +1,4 @@
-"""LoCo's CUDA kernels (error feedback in csrc/qgz.cu) against the pure-torch codec (qgz_wire) on the CPU, bit for
+"""LoCo's CUDA kernels (error feedback in csrc/qgz.cu) against the pure-torch backend (torch_ref) on the CPU, bit for
 bit: the blocks and the updated error buffers of each step, over several calls, then whole reduce-scatters of
 every rank simulated in one process."""
 import pytest
@@ -9,7 +9,7 @@ if not torch.cuda.is_available():
 
 from deepspeed_zeropp.backends import cuda as cuda_backend  # noqa: E402
 from deepspeed_zeropp.backends import torch_ref  # noqa: E402
-from deepspeed_zeropp.qgz_wire import GROUP, Feedback, weights  # noqa: E402
+from deepspeed_zeropp.formats.int4 import GROUP, Feedback, weights  # noqa: E402
 from tests.helpers import DTYPES, assert_bitwise, extension_builds  # noqa: E402,F401
 from tests.loco_sim import feedbacks  # noqa: E402
 from tests.qgz_sim import edge_gradient, geometry, gradient, received_blocks, reduce_scatter  # noqa: E402

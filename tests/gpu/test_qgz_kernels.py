@@ -1,4 +1,4 @@
-"""qgZ's CUDA kernels (csrc/qgz.cu) against the pure-torch codec (qgz_wire) on the CPU, bit for bit: each step on
+"""qgZ's CUDA kernels (csrc/qgz.cu) against the pure-torch backend (torch_ref) on the CPU, bit for bit: each step on
 its own, then whole reduce-scatters of every rank simulated in one process."""
 import pytest
 import torch
@@ -8,7 +8,7 @@ if not torch.cuda.is_available():
 
 from deepspeed_zeropp.backends import cuda as cuda_backend  # noqa: E402
 from deepspeed_zeropp.backends import torch_ref  # noqa: E402
-from deepspeed_zeropp.qgz_wire import GROUP  # noqa: E402
+from deepspeed_zeropp.formats.int4 import GROUP  # noqa: E402
 from tests.helpers import DTYPES, assert_bitwise, extension_builds  # noqa: E402,F401
 from tests.qgz_sim import edge_gradient, geometry, gradient, received_blocks, reduce_scatter  # noqa: E402
 
@@ -85,7 +85,8 @@ def test_bad_geometry_is_refused_with_the_reason():
         cuda_backend.qgz_encode(x, 2, 1, 500, 500)
     with pytest.raises(ValueError, match="do not cover the input"):
         cuda_backend.qgz_encode(x, 2, 1, 256, 256)
-    with pytest.raises(ValueError, match="must be float16, bfloat16 or float32, got torch.float64"):
+    with pytest.raises(ValueError,
+                       match="must be one of torch.float16, torch.bfloat16, torch.float32, got torch.float64"):
         cuda_backend.qgz_encode(x.double(), 2, 1, 500, 512)
     blocks = cuda_backend.qgz_encode(x, 2, 1, 500, 512)
     with pytest.raises(ValueError, match="bytes per source, expected"):

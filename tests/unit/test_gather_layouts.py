@@ -13,7 +13,7 @@ import torch
 from deepspeed_zeropp import ops
 from deepspeed_zeropp.backends import deepspeed_op
 from deepspeed_zeropp.grouping import group_layout
-from deepspeed_zeropp.patching import seams
+from deepspeed_zeropp.patching.seams import gathers
 from deepspeed_zeropp.quantizer import QuantizerMethods
 from tests.helpers import Fp16OnlyOp
 
@@ -56,7 +56,7 @@ def test_single_gather_narrowed_to_the_parameter():
         def wait(self):
             param.data = QuantizerMethods().dequantize(codes, scales)
 
-    seams.SINGLE_GATHER(Handle.wait)(Handle())
+    gathers.SINGLE_GATHER(Handle.wait)(Handle())
     assert param.dtype == torch.bfloat16 and torch.equal(param.data, expected[:full.numel()])
 
 
@@ -66,9 +66,9 @@ def test_single_gather_of_hpz_secondary_partition():
     full, secondary, quantized, expected = partitions(2 * PRIME, seed=2)
     param = param_with(full, torch.empty(-(-full.numel() // 4), dtype=full.dtype), secondary[0].clone())
     handle = SimpleNamespace(_AllGatherHandle__param=param)
-    assert seams._single_layout(handle) == {"block_numel": PRIME}
+    assert gathers._single_layout(handle) == {"block_numel": PRIME}
     param.ds_secondary_tensor = None
-    assert seams._single_layout(handle) == {"block_numel": -(-full.numel() // 4)}
+    assert gathers._single_layout(handle) == {"block_numel": -(-full.numel() // 4)}
 
 
 @pytest.mark.parametrize("secondary", [False, True], ids=["primary", "hpz-secondary"])
@@ -106,7 +106,7 @@ def test_bucket_gather(stored, secondary):
         out["flat"] = QuantizerMethods().dequantize(handle.quantization.quantized_param,
                                                     handle.quantization.scale_buffer)
 
-    seams.BUCKET_GATHER(wait)(handle)
+    gathers.BUCKET_GATHER(wait)(handle)
     assert out["flat"].dtype == torch.bfloat16 and torch.equal(out["flat"], expected)
 
 

@@ -9,7 +9,7 @@ import torch
 
 from deepspeed_zeropp import loco
 from deepspeed_zeropp.backends import torch_ref
-from deepspeed_zeropp.qgz_wire import GROUP, MIN_SCALE, Feedback, dequantize_int4, weights
+from deepspeed_zeropp.formats.int4 import GROUP, MIN_SCALE, Feedback, dequantize_int4, weights
 from tests.loco_sim import running_mean_error
 from tests.qgz_sim import bound_of_largest, geometry
 

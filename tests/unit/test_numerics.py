@@ -5,10 +5,11 @@ import torch
 from hypothesis import example, given, settings, strategies as st
 
 from deepspeed_zeropp import ops
+from deepspeed_zeropp.dtypes import SUPPORTED_DTYPES
 from deepspeed_zeropp.grouping import MAX_GROUP_SIZE, group_layout
 from tests import naive
 
-DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+DTYPES = list(SUPPORTED_DTYPES)
 IDS = ["fp16", "bf16", "fp32"]
 
 

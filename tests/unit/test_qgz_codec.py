@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from deepspeed_zeropp.qgz_wire import GROUP, MIN_SCALE, dequantize_int4, quantize_int4
+from deepspeed_zeropp.formats.int4 import GROUP, MIN_SCALE, dequantize_int4, quantize_int4
 
 
 def naive(values):

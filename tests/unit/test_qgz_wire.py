@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from deepspeed_zeropp.backends import torch_ref
-from deepspeed_zeropp.qgz_wire import GROUP, LEVELS, STEP, block_bytes
+from deepspeed_zeropp.formats.int4 import GROUP, LEVELS, STEP, block_bytes
 from tests.qgz_sim import bound_of_largest, geometry, reduce_scatter
 
 TOPOLOGIES = [(2, 1), (3, 1), (4, 2), (6, 2), (8, 4)]  # (world, local_size)

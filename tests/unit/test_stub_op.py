@@ -1,4 +1,4 @@
-"""The seed's test (DeepSpeed PR #8215): an op that only accepts fp16, behind backend="deepspeed".
+"""DeepSpeed 0.19.6's own test case: an op that only accepts fp16, behind backend="deepspeed".
 
 The stand-in asserts that its input is fp16 and returns fp16, exactly the contract of DeepSpeed's compiled op.
 Through the patched quantizer, bf16 and fp16 parameters round-trip in their own dtype; unpatched, releases
@@ -38,6 +38,6 @@ def test_unpatched_release_before_fix_fails(quantizer_class):
     if Version(Version(deepspeed.__version__).base_version) < Version("0.19.6"):
         with pytest.raises(AssertionError, match="kernel reads fp16 bits, got torch.bfloat16"):
             quantizer.quantize(param)
-    else:  # 0.19.6+ carries the seed's cast-in / cast-out
+    else:  # 0.19.6+ carries upstream's cast-in / cast-out
         codes, scales = quantizer.quantize(param)
         assert quantizer.dequantize(codes, scales, dtype=torch.bfloat16).dtype == torch.bfloat16

@@ -1,4 +1,6 @@
-"""qgZ's 4-bit wire: the codec, the block layout and its pure-torch implementation (the CUDA kernels' reference).
+"""qgZ's 4-bit gradient wire: the codec of one group, the block layout and the error-feedback rule
+(docs/numerics.md). The three steps built on it are implemented in ``backends/torch_ref.py`` (the reference, any
+device) and ``csrc/qgz.cu`` (CUDA), bit for bit alike; ``csrc/formats.cuh`` holds these constants for the kernels.
 
 Codec: groups of GROUP values; scale = max(absmax, MIN_SCALE) in fp32, multiplier = LEVELS / scale (correctly
 rounded), codes = round-half-even(value * multiplier) clamped to [-LEVELS, LEVELS] = [-7, 7], two per byte as 4-bit
@@ -13,16 +15,15 @@ Block: what one rank sends one peer in an all-to-all, as raw bytes so that codes
 A block of ``rows`` rows of ``padded_chunk`` values (a multiple of GROUP) is the rows' packed codes
 (``rows * padded_chunk / 2`` bytes), then their fp32 scales (``rows * padded_chunk / GROUP`` of them).
 
-The three steps of qgZ, each implemented here and in ``csrc/qgz.cu`` with bit-identical results (same products
-and sums in the same order):
-- :func:`encode`: a gradient (any float dtype) cut into chunks of ``chunk`` values, each zero-padded to
+The three steps of qgZ, each with the same products and sums in the same order in both implementations:
+- ``qgz_encode``: a gradient (any float dtype) cut into chunks of ``chunk`` values, each zero-padded to
   ``padded_chunk``; destination d gets a block whose row m is chunk ``m * destinations + d``.
-- :func:`reduce_encode`: blocks from several sources -> per-row fp32 sum, summed over sources in order -> one
+- ``qgz_reduce_encode``: blocks from several sources -> per-row fp32 sum, summed over sources in order -> one
   one-row block per row.
-- :func:`decode_sum`: one-row blocks from several sources -> fp32 sum over sources in order -> times ``factor``
+- ``qgz_decode_sum``: one-row blocks from several sources -> fp32 sum over sources in order -> times ``factor``
   -> the gradient's dtype, rounded once.
 
-Error feedback (LoCo): :func:`encode` and :func:`reduce_encode` optionally take a :class:`Feedback`, an fp32 error
+Error feedback (LoCo): ``qgz_encode`` and ``qgz_reduce_encode`` optionally take a :class:`Feedback`, an fp32 error
 buffer holding one value per encoded value (in the blocks' order: destination, row, padded column). The stage then
 quantizes ``v = x + e`` (its fp32 input plus the carried error) instead of ``x``, and updates the buffer in place to
 ``e' = (beta * e) + ((1 - beta) * (v - decode(v)))``, each product and the sum rounded to fp32 (``beta`` and
@@ -40,10 +41,17 @@ MIN_SCALE = 2.0**-125  # LEVELS / MIN_SCALE is below FLT_MAX (2^-126 would overf
 # 1 / LEVELS correctly rounded to fp32, as the kernels' compile-time 1.f / 7.f (tensor / tensor: not via double).
 STEP = float(torch.tensor(1.0) / torch.tensor(float(LEVELS)))
 
+SCALE_BYTES = 4  # one fp32 scale per group
+
+
+def codes_bytes(rows, padded_chunk):
+    """Bytes of a block's packed codes (two per byte), where its scales begin."""
+    return rows * padded_chunk // 2
+
 
 def block_bytes(rows, padded_chunk):
     """Bytes of one block: packed codes, then one fp32 scale per group."""
-    return rows * padded_chunk // 2 + rows * (padded_chunk // GROUP) * 4
+    return codes_bytes(rows, padded_chunk) + rows * (padded_chunk // GROUP) * SCALE_BYTES
 
 
 def quantize_int4(values):
@@ -80,8 +88,9 @@ def weights(err_beta):
     return float(beta), float(torch.tensor(1.0, dtype=torch.float32) - beta)
 
 
-def _quantize_with_feedback(values, feedback):
-    """:func:`quantize_int4` of ``values + error``, updating ``error`` as the module docstring says."""
+def quantize_with_feedback(values, feedback):
+    """:func:`quantize_int4` of ``values + error``, updating ``feedback.error`` in place as the module
+    docstring says. Returns (packed codes, scales)."""
     error = feedback.error
     if error.dtype != torch.float32 or error.shape != values.shape:
         raise ValueError(f"error feedback: the buffer must be float32 with {values.numel()} values (one per encoded "
@@ -93,51 +102,3 @@ def _quantize_with_feedback(values, feedback):
     updated = (error * feedback.beta + residual * feedback.keep).view(-1, GROUP)
     error.view(-1, GROUP).copy_(torch.where(torch.isnan(scales).unsqueeze(1), torch.zeros_like(updated), updated))
     return packed, scales
-
-
-def _quantize(values, feedback):
-    return quantize_int4(values) if feedback is None else _quantize_with_feedback(values, feedback)
-
-
-def _to_blocks(packed, scales, blocks):
-    codes_bytes = packed.numel() // blocks
-    out = torch.empty(blocks, codes_bytes + scales.numel() * 4 // blocks, dtype=torch.uint8, device=packed.device)
-    out[:, :codes_bytes] = packed.view(blocks, -1)
-    out[:, codes_bytes:] = scales.reshape(blocks, -1).view(torch.uint8)
-    return out
-
-
-def _sum_of_sources(blocks, rows, padded_chunk):
-    """fp32 values of every source's rows, summed over sources in order: [rows * padded_chunk]."""
-    codes_bytes = rows * padded_chunk // 2
-    packed = blocks[:, :codes_bytes]
-    scales = blocks[:, codes_bytes:].reshape(-1).view(torch.float32)  # flat: an empty block views as well
-    values = dequantize_int4(packed.reshape(-1), scales.reshape(-1)).view(blocks.shape[0], -1)
-    total = values[0].clone()
-    for source in values[1:]:
-        total += source
-    return total
-
-
-def encode(flat, destinations, rows, chunk, padded_chunk, feedback=None):
-    """A flat gradient -> uint8 blocks [destinations, block_bytes(rows, padded_chunk)]; ``feedback``: a
-    :class:`Feedback` of ``destinations * rows * padded_chunk`` values, or None."""
-    chunks_total = destinations * rows
-    values = torch.zeros(chunks_total * chunk, dtype=torch.float32, device=flat.device)
-    values[:flat.numel()] = flat  # exact: every fp16/bf16 value is an fp32 value
-    chunks = torch.zeros(chunks_total, padded_chunk, dtype=torch.float32, device=flat.device)
-    chunks[:, :chunk] = values.view(chunks_total, chunk)
-    swizzled = chunks.view(rows, destinations, padded_chunk).transpose(0, 1)  # [d, m] = chunk m * destinations + d
-    return _to_blocks(*_quantize(swizzled.reshape(-1), feedback), destinations)
-
-
-def reduce_encode(blocks, rows, padded_chunk, feedback=None):
-    """Received blocks [sources, block_bytes(rows, padded_chunk)] -> [rows, block_bytes(1, padded_chunk)];
-    ``feedback``: a :class:`Feedback` of ``rows * padded_chunk`` values, or None."""
-    return _to_blocks(*_quantize(_sum_of_sources(blocks, rows, padded_chunk), feedback), rows)
-
-
-def decode_sum(blocks, padded_chunk, count, factor, dtype):
-    """Received one-row blocks [sources, block_bytes(1, padded_chunk)] -> ``count`` values in ``dtype``.
-    ``factor`` must be an fp32 value (the kernels take it as float)."""
-    return (_sum_of_sources(blocks, 1, padded_chunk)[:count] * factor).to(dtype)

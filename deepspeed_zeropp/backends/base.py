@@ -1,0 +1,65 @@
+"""The interface every backend module implements (``torch_ref``, ``cuda``, ``deepspeed_op``).
+
+A backend is a module; :class:`Backend` spells out what the registry (``backends/__init__.py``), ``ops`` and
+``qgz`` call on it, so that a module can be checked against it (:func:`missing`). Arguments arrive already
+validated by the callers: contiguous tensors (read flat) whose sizes agree with the layout.
+"""
+from typing import Optional, Protocol, runtime_checkable
+
+import torch
+
+from ..formats.int4 import Feedback
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What a backend module provides.
+
+    ``NAME``: its name in ``BACKENDS``. ``SERVES_QGZ``: whether its ``qgz_*`` functions implement qgZ's 4-bit
+    wire (``formats/int4.py``) for every supported dtype; a backend that does not still defines them, raising, and
+    the registry's :func:`~deepspeed_zeropp.backends.qgz_backend` names the backend that serves qgZ instead."""
+
+    NAME: str
+    SERVES_QGZ: bool
+
+    def quantize(self, x: torch.Tensor, groups: int, group_size: Optional[int] = None):
+        """int8 weight wire (``formats/int8.py``): ``x`` read flat in ``groups`` groups of ``group_size`` elements
+        (default: equal groups), the last one possibly short -> (int8 codes of x's shape, fp32 scales [groups])."""
+
+    def dequantize(self,
+                   codes: torch.Tensor,
+                   scales: torch.Tensor,
+                   group_size: int,
+                   dtype: torch.dtype,
+                   block_numel: Optional[int] = None) -> torch.Tensor:
+        """Inverse of ``quantize``, a new tensor of ``dtype`` and the codes' shape: groups of ``group_size`` (codes may
+        be a prefix of len(scales) * group_size), or blocks of ``block_numel`` elements, each with a short last
+        group."""
+
+    def qgz_encode(self,
+                   flat: torch.Tensor,
+                   destinations: int,
+                   rows: int,
+                   chunk: int,
+                   padded_chunk: int,
+                   feedback: Optional[Feedback] = None) -> torch.Tensor:
+        """qgZ step 1: a flat gradient -> uint8 blocks [destinations, int4.block_bytes(rows, padded_chunk)]."""
+
+    def qgz_reduce_encode(self,
+                          blocks: torch.Tensor,
+                          rows: int,
+                          padded_chunk: int,
+                          feedback: Optional[Feedback] = None) -> torch.Tensor:
+        """qgZ step 2: blocks [sources, bytes] -> fp32 sum over sources -> one one-row block per row."""
+
+    def qgz_decode_sum(self, blocks: torch.Tensor, padded_chunk: int, count: int, factor: float,
+                       dtype: torch.dtype) -> torch.Tensor:
+        """qgZ step 3: one-row blocks -> the first ``count`` values of (fp32 sum over sources) * factor."""
+
+
+MEMBERS = ("NAME", "SERVES_QGZ", "quantize", "dequantize", "qgz_encode", "qgz_reduce_encode", "qgz_decode_sum")
+
+
+def missing(module):
+    """The members of :class:`Backend` that ``module`` lacks (empty when it implements the interface)."""
+    return [name for name in MEMBERS if not hasattr(module, name)]

@@ -1,0 +1,8 @@
+"""Wrappers installed at DeepSpeed's sites, by concern; each site's row in ``patching/sites.py`` says why that seam.
+
+- :mod:`.common`: marking wrappers, a parameter's own dtype, the dtype-scoped gather mechanism.
+- :mod:`.gathers`: all-gather and NoGather handles, Init's synchronous gathers.
+- :mod:`.partitions`: MixZ++ partitions and the padding of the last rank's partition.
+- :mod:`.checkpoints`: frozen (MixZ++) fragments in checkpoints.
+- :mod:`.replacements`: the quantizer's methods and the qgZ/LoCo collectives, replaced whole.
+"""

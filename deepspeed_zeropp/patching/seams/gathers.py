@@ -1,0 +1,146 @@
+"""Seams at DeepSpeed's gathers: the all-gather handles (one parameter, a bucket), the NoGather handles (a partition
+group of one rank) and Init's synchronous gathers. Each dequantizes gathered codes; the wrappers tell the patched
+quantizer the dtype to hand back and how the codes are laid out (``scope.dequant_target``)."""
+import contextlib
+
+import torch
+
+from ...scope import dequant_target
+from .common import bucket_dtype, dtype_scoped, own_dtype, restore_dtypes, stored_quantized, weights_quantized
+
+
+def _single_quantization(handle, *args, **kwargs):
+    if getattr(handle, "_AllGatherHandle__complete", False):
+        return None
+    return getattr(handle, "_AllGatherHandle__quantization", None)
+
+
+def _partition_numel(partition):
+    return getattr(partition, "ds_numel", partition.numel())
+
+
+def _single_layout(handle, *args, **kwargs):
+    """The sequential path narrows the gathered buffer to ``ds_numel``, so the per-rank blocks cannot be read off
+    the codes (upstream divides by the scale count: scales land on the wrong elements when the partition is
+    padded). Each rank quantized the partition it all-gathered: the hpZ secondary one where the parameter has it,
+    as upstream picks it."""
+    param = handle._AllGatherHandle__param
+    secondary = getattr(param, "ds_secondary_tensor", None)
+    return {"block_numel": _partition_numel(secondary if secondary is not None else param.ds_tensor)}
+
+
+SINGLE_GATHER = dtype_scoped(lambda handle, *a, **k: [handle._AllGatherHandle__param],
+                             lambda handle, *a, **k: _single_quantization(handle) is not None, _single_layout)
+
+# --- AllGatherCoalescedHandle.wait: a bucket ------------------------------------------------------------------
+
+
+def _bucket_partition(handle, param):
+    return param.ds_secondary_tensor if handle.use_secondary_tensor else param.ds_tensor
+
+
+def _stored_bucket_segments(handle):
+    """Quantized buffers of a gathered bucket of MixZ++ partitions: each partition was quantized on its own (its own
+    group layout), and the sequence repeats for every rank."""
+    return tuple(_partition_numel(_bucket_partition(handle, param)) for param in handle.params) * handle.world_size
+
+
+@contextlib.contextmanager
+def _float_partition_views(params, dtypes):
+    """During the wait, show int8 MixZ++ partitions as empty tensors of the parameter's dtype: from v0.17.2 each
+    slice is cast to ``param.ds_tensor.dtype``, which for them is int8 and would truncate the values."""
+    swapped = []
+    for param, dtype in zip(params, dtypes):
+        partition = param.ds_tensor
+        if partition is not None and partition.dtype == torch.int8:
+            view = torch.empty(0, dtype=dtype, device=partition.device)
+            view.__dict__.update(partition.__dict__)
+            param.ds_tensor = view
+            swapped.append((param, partition))
+    try:
+        yield
+    finally:
+        for param, partition in swapped:
+            param.ds_tensor = partition
+
+
+def BUCKET_GATHER(original):
+    """Seam factory for ``AllGatherCoalescedHandle.wait``: the common dequantize target of dtype_scoped. Each rank
+    quantized the concatenation of its partitions of the bucket, one block per rank; a bucket of stored MixZ++ codes
+    instead has one block per partition and rank, and float views of those partitions."""
+
+    def wrapper(handle, *args, **kwargs):
+        if not getattr(handle, "quantization", None) or getattr(handle, "complete", False):
+            return original(handle, *args, **kwargs)
+        params = list(handle.params)
+        dtypes = [own_dtype(p) for p in params]
+        stored = stored_quantized(_bucket_partition(handle, params[0]))
+        layout = {"segments": _stored_bucket_segments(handle)} if stored else {"blocks": handle.world_size}
+        with dequant_target(bucket_dtype(dtypes), **layout), _float_partition_views(params, dtypes):
+            result = original(handle, *args, **kwargs)
+        restore_dtypes(params, dtypes)
+        return result
+
+    return wrapper
+
+
+# --- NoGather handles and Init's synchronous gathers ----------------------------------------------------------
+
+
+def _any_stored_quantized(params):
+    return any(stored_quantized(p.ds_tensor) for p in params)
+
+
+NO_GATHER = dtype_scoped(lambda handle, param, *a, **k: [param],
+                         lambda handle, param, *a, **k: stored_quantized(param.ds_tensor))
+NO_GATHER_COALESCED = dtype_scoped(lambda handle, params, *a, **k: list(params),
+                                   lambda handle, params, *a, **k: _any_stored_quantized(params))
+
+
+def _init_layout(init, params, *args, **kwargs):
+    """Init's gathers dequantize each parameter's whole gathered buffer: one stored partition per rank of the
+    parameters' partition group (DeepSpeed groups the list by that group before calling)."""
+    return {"blocks": torch.distributed.get_world_size(group=init.get_partition_dp_group(params[0]))}
+
+
+def _init_coalesced_quantized(init, params, hierarchy=0, quantize=False):
+    return bool(quantize) and len(params) > 0
+
+
+def INIT_GATHER_COALESCED(original):
+    """Seam factory for ``Init._allgather_params_coalesced``, told by its caller whether the list is quantized:
+    the common dequantize target of dtype_scoped. When the Init quantizes weights (qwZ or MixZ++), a list is
+    gathered one parameter per call: up to 0.19.5 the method waits on its last parameter's all-gather only
+    before reading every buffer, and gloo completes the others in any order, so their values or codes may still be
+    arriving (garbage, which GatheredParameters(modifier_rank=...), as in save_16bit_model, writes back into the
+    partitions). With one parameter, its one all-gather is the one waited on. Without a ZeRO++ flag the original
+    runs untouched, as stock."""
+    gather = dtype_scoped(lambda init, params, *a, **k: params, _init_coalesced_quantized, _init_layout)(original)
+
+    def wrapper(init, params, *args, **kwargs):
+        if len(params) < 2 or not weights_quantized(init):
+            return gather(init, params, *args, **kwargs)
+        for param in params:
+            gather(init, [param], *args, **kwargs)
+        return None
+
+    return wrapper
+
+
+# Init's sequential gather dequantizes exactly the parameters whose partitions are stored as MixZ++ codes.
+INIT_GATHER_SEQUENTIAL = dtype_scoped(lambda init, params, *a, **k: params,
+                                      lambda init, params, *a, **k: _any_stored_quantized(params), _init_layout)
+
+
+def INIT_GATHER_SINGLE(original):
+    """``Init._allgather_params`` (<= 0.18.4): its quantized branch tests the parameter instead of its partition
+    for ``ds_quant_scale``, so MixZ++ codes come back undequantized. Quantized lists go to Init's coalesced
+    gather, which handles them; everything else runs the original (which then dequantizes nothing)."""
+
+    def wrapper(init, param_list, *args, **kwargs):
+        if _any_stored_quantized(param_list):
+            hierarchy = kwargs.get("hierarchy", args[0] if args else 0)
+            return init._allgather_params_coalesced(param_list, hierarchy, quantize=True)
+        return original(init, param_list, *args, **kwargs)
+
+    return wrapper
