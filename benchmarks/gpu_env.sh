@@ -26,7 +26,7 @@ _zeropp_install() {  # TARGET WHEEL...: once per target; a .done marker, so an i
         touch "$target.done"
 }
 
-if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then  # before DeepSpeed's first import
+if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ] || [[ "$TORCH_CUDA_ARCH_LIST" == *[a-zA-Z]* ]]; then  # DeepSpeed reads "9.0a" as a number
     TORCH_CUDA_ARCH_LIST=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1)
 fi
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}

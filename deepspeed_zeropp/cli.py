@@ -14,6 +14,7 @@ def main(argv=None):
     demo.add_argument("--device", choices=["auto", "cpu", "cuda-shared"], default="auto")
     bench = commands.add_parser("bench", help="run the kernel benchmarks (needs a CUDA GPU)")
     bench.add_argument("--out", default="benchmarks/results")
+    bench.add_argument("--name", help="file name stem of the results (default: kernels_<gpu>)")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         from .doctor import run
@@ -22,7 +23,7 @@ def main(argv=None):
         from .demo import run
         return run(steps=args.steps, device=args.device)
     from .bench import run
-    return run(out=args.out)
+    return run(out=args.out, name=args.name)
 
 
 if __name__ == "__main__":
