@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from deepspeed_zeropp.formats import int4 as qgz_wire  # noqa: E402
+from deepspeed_zeropp.formats import int4  # noqa: E402
 from deepspeed_zeropp.backends import cuda as ours  # noqa: E402
 from deepspeed_zeropp.bench import environment, load_deepspeed_op, time_per_call  # noqa: E402
 
@@ -36,15 +36,15 @@ def rotated(make, nbytes):
 
 def step_bytes(numel, element):
     chunk = math.ceil(numel / WORLD)
-    padded = math.ceil(chunk / qgz_wire.GROUP) * qgz_wire.GROUP
-    sent = LOCAL * qgz_wire.block_bytes(NODES, padded)
-    reduced = NODES * qgz_wire.block_bytes(1, padded)
+    padded = math.ceil(chunk / int4.GROUP) * int4.GROUP
+    sent = LOCAL * int4.block_bytes(NODES, padded)
+    reduced = NODES * int4.block_bytes(1, padded)
     return {"encode": numel * element + sent, "reduce": sent + reduced, "decode": reduced + chunk * element}
 
 
 def ours_steps(codec, numel, dtype, reps):
     chunk = math.ceil(numel / WORLD)
-    padded = math.ceil(chunk / qgz_wire.GROUP) * qgz_wire.GROUP
+    padded = math.ceil(chunk / int4.GROUP) * int4.GROUP
     element = torch.finfo(dtype).bits // 8
     xs = rotated(lambda: torch.randn(numel, device="cuda").to(dtype), numel * element)
     one_sent = codec.qgz_encode(xs[0], LOCAL, NODES, chunk, padded)

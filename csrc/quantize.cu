@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fm
 
     const float absmax = Fmt::to_float(block_max(magnitude));
     const bool finite = absmax <= FLT_MAX;  // false for inf and NaN
-    // Correctly rounded 128 / absmax and 1 / multiplier, as wire.py computes them. Done in double and rounded once to
+    // Correctly rounded 128 / absmax and 1 / multiplier, as formats/int8.py computes them. Done in double and rounded once to
     // float: exact for these quotients (53 >= 2 * 24 + 2 bits), including subnormal results and the overflow that the
     // FLT_MAX cap turns into a finite multiplier for tiny groups. One division per group, off the memory path.
     const float multiplier = absmax == 0.f ? 1.f : fminf(static_cast<float>(128.0 / absmax), FLT_MAX);
