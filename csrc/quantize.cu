@@ -82,6 +82,34 @@ __device__ __forceinline__ void widen(const P& packet, float (&values)[VEC])
     }
 }
 
+// Correctly rounded 128 / absmax and 1 / multiplier, as formats/int8.py computes them. Done in double and rounded once to
+// float: exact for these quotients (53 >= 2 * 24 + 2 bits), including subnormal results and the overflow that the
+// FLT_MAX cap turns into a finite multiplier for tiny groups. One division per group, off the memory path.
+__device__ __forceinline__ float multiplier_for(float absmax)
+{
+    return absmax == 0.f ? 1.f : fminf(static_cast<float>(128.0 / absmax), FLT_MAX);
+}
+
+__device__ __forceinline__ float stored_scale(float multiplier, bool finite)
+{
+    return finite ? static_cast<float>(1.0 / multiplier) : NAN;
+}
+
+// One packet of input, widened and quantized, stored as one packet of codes.
+template <typename Fmt, int VEC, typename InPacket>
+__device__ __forceinline__ void store_codes(const InPacket& packet,
+                                           float multiplier,
+                                           bool finite,
+                                           PacketOf<int8_t, VEC>* target)
+{
+    float values[VEC];
+    widen<Fmt, VEC>(packet, values);
+    PacketOf<int8_t, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.e[j] = quantize_value(values[j], multiplier, finite);
+    target->raw[0] = out.raw[0];
+}
+
 template <typename Fmt, int VEC>
 __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fmt::Bits* __restrict__ input,
                                 int8_t* __restrict__ codes,
@@ -133,25 +161,15 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fm
 
     const float absmax = Fmt::to_float(block_max(magnitude));
     const bool finite = absmax <= FLT_MAX;  // false for inf and NaN
-    // Correctly rounded 128 / absmax and 1 / multiplier, as formats/int8.py computes them. Done in double and rounded once to
-    // float: exact for these quotients (53 >= 2 * 24 + 2 bits), including subnormal results and the overflow that the
-    // FLT_MAX cap turns into a finite multiplier for tiny groups. One division per group, off the memory path.
-    const float multiplier = absmax == 0.f ? 1.f : fminf(static_cast<float>(128.0 / absmax), FLT_MAX);
-    if (threadIdx.x == 0) scales[blockIdx.x] = finite ? static_cast<float>(1.0 / multiplier) : NAN;
+    const float multiplier = multiplier_for(absmax);
+    if (threadIdx.x == 0) scales[blockIdx.x] = stored_scale(multiplier, finite);
 
     for (int base = 0; base < packets; base += stride) {
         if (!cached) load(base);
 #pragma unroll
         for (int k = 0; k < kLoads; ++k) {
             const int idx = base + threadIdx.x + k * blockDim.x;
-            if (idx < packets) {
-                float values[VEC];
-                widen<Fmt, VEC>(cache[k], values);
-                CodePacket out;
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) out.e[j] = quantize_value(values[j], multiplier, finite);
-                body_codes[idx].raw[0] = out.raw[0];
-            }
+            if (idx < packets) store_codes<Fmt, VEC>(cache[k], multiplier, finite, body_codes + idx);
         }
     }
     if (has_edge) codes[edge_index] = quantize_one<Fmt>(edge_bits, multiplier, finite);
@@ -203,21 +221,14 @@ __global__ void __launch_bounds__(kWarpBlockThreads) quantize_warp_kernel(const 
 #pragma unroll
         for (int j = 0; j < VEC; ++j) magnitude = max(magnitude, Fmt::magnitude(cache[k].e[j]));
     const float absmax = Fmt::to_float(warp_max(magnitude));
-    const bool finite = absmax <= FLT_MAX;
-    const float multiplier = absmax == 0.f ? 1.f : fminf(static_cast<float>(128.0 / absmax), FLT_MAX);
-    if (lane == 0) scales[group] = finite ? static_cast<float>(1.0 / multiplier) : NAN;
+    const bool finite = absmax <= FLT_MAX;  // false for inf and NaN
+    const float multiplier = multiplier_for(absmax);
+    if (lane == 0) scales[group] = stored_scale(multiplier, finite);
 
 #pragma unroll
     for (int k = 0; k < LOADS; ++k) {
         const int idx = lane + 32 * k;
-        if (idx < packets) {
-            float values[VEC];
-            widen<Fmt, VEC>(cache[k], values);
-            CodePacket out;
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) out.e[j] = quantize_value(values[j], multiplier, finite);
-            body_codes[idx].raw[0] = out.raw[0];
-        }
+        if (idx < packets) store_codes<Fmt, VEC>(cache[k], multiplier, finite, body_codes + idx);
     }
     if (has_edge) codes[edge_index] = quantize_one<Fmt>(edge_bits, multiplier, finite);
 }
