@@ -1,10 +1,11 @@
 // Symmetric int8 dequantization: out[i] = codes[i] * scales[group of i], rounded once to the output format.
 //
 // Each thread writes UNROLL 16-byte packets of output (8 fp16/bf16 or 4 fp32 values), strided by the block size so
-// that every warp-wide load and store is contiguous; all code loads are issued before the first store. Groups of any
-// size are handled inside a packet by stepping the group index when the offset reaches the group's length, so there
-// is one integer division per packet (two for blocked layouts), done in 32 bits whenever the tensor allows. The last,
-// partial packet and pointers that are not 16-byte aligned go element by element.
+// that every warp-wide load and store is contiguous; all code loads are issued before the first store. Equal groups of
+// a multiple of the packet size (DeepSpeed's groups, and ours) put each packet in one group: one division and one
+// scale per packet. Groups of any other size are handled inside a packet by stepping the group index when the offset
+// reaches the group's length (one integer division per packet, two for blocked layouts). Divisions are 32-bit
+// whenever the tensor allows. The last, partial packet and pointers that are not 16-byte aligned go element by element.
 //
 // Layouts (quantizer.h): equal groups, or blocks of block_numel elements each ending in a shorter group (a gather of
 // per-rank quantized buffers). Groups are numbered block after block, so stepping always moves to the next scale; only
@@ -16,8 +17,8 @@
 namespace dszpp {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kUnroll = 4;  // measured against 2 and 8, and against 16 codes per packet (uncoalesced stores)
+constexpr int kThreads = 256;  // with kUnroll 4: measured ahead of 128 x 8, 512 x 4 and 512 x 8 at 16M and 134M
+constexpr int kUnroll = 4;
 
 template <typename Index>
 __device__ __forceinline__ Index smaller(Index a, Index b)
@@ -25,7 +26,8 @@ __device__ __forceinline__ Index smaller(Index a, Index b)
     return a < b ? a : b;
 }
 
-template <typename Fmt, int VEC, typename Index, bool kBlocked>
+// kWhole: every packet lies in one group (equal groups of a multiple of VEC elements), so a packet takes one scale.
+template <typename Fmt, int VEC, typename Index, bool kBlocked, bool kWhole>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(const int8_t* __restrict__ codes,
                                                               const float* __restrict__ scales,
                                                               typename Fmt::Bits* __restrict__ out,
@@ -49,6 +51,22 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const int8_t* __re
     for (int k = 0; k < kUnroll; ++k) {
         const Index first = (tile + k * kThreads + threadIdx.x) * VEC;
         if (first >= numel) break;
+        if constexpr (kWhole) {
+            const float scale = __ldg(scales + first / group_size);
+            if (first + VEC <= numel) {
+                OutPacket result;
+#pragma unroll
+                for (int j = 0; j < VEC; ++j)
+                    result.e[j] = Fmt::from_float(__fmul_rn(static_cast<float>(in[k].e[j]), scale));
+                OutPacket* target = reinterpret_cast<OutPacket*>(out + first);
+#pragma unroll
+                for (int r = 0; r < sizeof(result.raw) / sizeof(result.raw[0]); ++r) target->raw[r] = result.raw[r];
+            } else {
+                for (Index i = first; i < numel; ++i)
+                    out[i] = Fmt::from_float(__fmul_rn(static_cast<float>(codes[i]), scale));
+            }
+            continue;
+        }
         Index group, offset, length = group_size, in_block = 0;
         if constexpr (kBlocked) {
             const Index block = first / block_numel;
@@ -101,10 +119,14 @@ void launch_with(const int8_t* codes,
     const int64_t block_groups = (block_numel + group_size - 1) / group_size;
     const auto n = static_cast<Index>(numel);
     const auto size = static_cast<Index>(group_size);
-    if (block_numel % group_size == 0)
-        dequantize_kernel<Fmt, VEC, Index, false><<<blocks, kThreads, 0, stream>>>(codes, scales, out, n, size, 0, 0);
+    if (block_numel % group_size == 0 && group_size % VEC == 0)
+        dequantize_kernel<Fmt, VEC, Index, false, true>
+            <<<blocks, kThreads, 0, stream>>>(codes, scales, out, n, size, 0, 0);
+    else if (block_numel % group_size == 0)
+        dequantize_kernel<Fmt, VEC, Index, false, false>
+            <<<blocks, kThreads, 0, stream>>>(codes, scales, out, n, size, 0, 0);
     else
-        dequantize_kernel<Fmt, VEC, Index, true><<<blocks, kThreads, 0, stream>>>(
+        dequantize_kernel<Fmt, VEC, Index, true, false><<<blocks, kThreads, 0, stream>>>(
             codes, scales, out, n, size, static_cast<Index>(block_numel), static_cast<Index>(block_groups));
 }
 
