@@ -144,7 +144,7 @@ def prebuild():
     """Build (or load from the cache) our kernels and DeepSpeed's quantizer op once, side by side, before any job:
     else the first run of each builds them on both ranks inside a timed job."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    env.setdefault("TORCH_EXTENSIONS_DIR", launch._extensions_dir())  # where the jobs look
+    env.setdefault("TORCH_EXTENSIONS_DIR", launch.extensions_dir())  # where the jobs look
     codes = {
         "ours": "from deepspeed_zeropp.backends import cuda; e = cuda.load_error(); assert e is None, e",
         "DeepSpeed's": "from deepspeed.ops.op_builder import QuantizerBuilder; QuantizerBuilder().load()",
