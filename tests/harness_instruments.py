@@ -29,8 +29,8 @@ WORK = {
     "deepspeed_zeropp.ops": ("quantize", "dequantize", "dequantize_segments"),
     "deepspeed_zeropp.patching.seams.common": ("dequant_target", "restore_dtypes"),
     "deepspeed_zeropp.patching.seams.gathers": ("dequant_target", "restore_dtypes", "_float_partition_views"),
-    "deepspeed_zeropp.patching.seams.partitions": ("deferring_quantize", "_zero_padding",
-                                                   "quantize_nontrainable_params"),
+    "deepspeed_zeropp.patching.seams.partitions":
+    ("deferring_quantize", "_zero_padding", "quantize_nontrainable_params"),
     "deepspeed_zeropp.qgz": ("_reduce_scatter_one", ),
 }
 

@@ -58,13 +58,13 @@ def test_gathered_parameters_dequantizes_frozen_partition(frozen_bert):
 
 
 def test_partition_fix_is_needed(frozen_bert):
-    """Defect 3: without the _partition_param seam, frozen weights are quantized before they exist."""
+    """Without the _partition_param seam, frozen weights are quantized before they exist."""
     run = frozen_bert["runs"]["without_partition_fix"]
     assert "error" in run or run["value_errors"], run
 
 
 def test_bucket_fix_is_needed(frozen_bert):
-    """Defect 4 and the bucket layout: unpatched, a coalesced MixZ++ bucket is dequantized as if every partition had
+    """The bucket layout: unpatched, a coalesced MixZ++ bucket is dequantized as if every partition had
     the same group size, and from 0.17.2 each slice is cast to int8."""
     run = frozen_bert["runs"]["without_bucket_fix"]
     assert "error" in run or run["value_errors"] or run["dtype_errors"], run
@@ -73,7 +73,7 @@ def test_bucket_fix_is_needed(frozen_bert):
 def test_padded_and_prime_partitions_sequential_and_coalesced():
     """Any partition size: odd-sized parameters (131 x 131, 3 x 131, 3) at 2 ranks have padded partitions. Upstream
     leaves that padding uninitialised (qwZ then quantizes it with real values) and, in the sequential gather,
-    maps scales to the wrong elements (defect 5). The 131 x 131 partitions hold 8581 elements, a prime: quantized
+    maps scales to the wrong elements. The 131 x 131 partitions hold 8581 elements, a prime: quantized
     in groups with a shorter last one, per rank, through the single-parameter gather (sequential), the bucket gather
     (weight and frozen gate together), MixZ++'s bucket of stored partitions and Init's gather (GatheredParameters)."""
     assert not group_layout(8581).covers_exactly(8581)
@@ -122,7 +122,7 @@ def test_padded_and_prime_partitions_sequential_and_coalesced():
 
 
 def test_single_rank_mixz_and_zero_init_without_config():
-    """Defects 1 and 2: Init.quantizer_module is read from the class (NoGather handles at partition world size 1,
+    """Init.quantizer_module is read from the class (NoGather handles at partition world size 1,
     and a model built under zero.Init() without a config); upstream never sets it there."""
     runs = [{
         "name": "single_rank",
@@ -148,7 +148,7 @@ def test_single_rank_mixz_and_zero_init_without_config():
 
 
 def test_freezing_after_init_then_quantize_nontrainable_params():
-    """Defect 7 (DeepSpeed #4885): quantize_nontrainable_params asserts fp16; in bf16 it now quantizes."""
+    """Upstream quantize_nontrainable_params asserts fp16; in bf16 it now quantizes."""
     runs = [{
         "name": "lora_flow",
         "quantized_nontrainable": True,
