@@ -11,6 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from deepspeed_zeropp._harness.launch import run_job  # noqa: E402
+from deepspeed_zeropp.bench import commit  # noqa: E402
 
 
 def main():
@@ -39,7 +40,7 @@ def main():
     (args.out / "gpt2_parity.json").write_text(json.dumps(results, indent=1))
     lines = [
         f"# GPT-2 small (config), 2 GPUs NCCL, DeepSpeed {results['bf16']['deepspeed']}, torch "
-        f"{results['bf16']['torch']}: qwZ (patched) vs no quantization", "",
+        f"{results['bf16']['torch']}: qwZ (patched) vs no quantization", "", f"Commit {commit()}.", "",
         f"{args.steps} steps, AdamW lr 3e-4, micro-batch 4 x 256 tokens per rank, learnable data (arithmetic "
         "token progressions), same batches in both runs.", "",
         "| dtype | loss step 0 (base / qwZ) | final loss (base / qwZ) | max abs diff | mean abs diff | dtype errors |",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from deepspeed_zeropp._harness.launch import run_job  # noqa: E402
+from deepspeed_zeropp.bench import commit  # noqa: E402
 
 CASES = [[dtype, [4096, 4096]] for dtype in ("fp16", "bf16", "fp32")] + [["bf16", [4096, 4096]]]
 
@@ -41,7 +42,8 @@ def measure():
 def render(results):
     lines = [
         f"# qgZ on 2 H200 GPUs as 2 nodes (NCCL), DeepSpeed {results['ours']['deepspeed']}, torch "
-        f"{results['ours']['torch']}", "", "Gradient [4096, 4096] per rank; error of this rank's partition "
+        f"{results['ours']['torch']}", "", f"Commit {results.get('commit', 'unknown')}.", "",
+        "Gradient [4096, 4096] per rank; error of this rank's partition "
         "against the exact mean of both ranks' gradients (fp64). Time: median of 20 calls after 3 warm-ups, "
         "all-to-alls included.", "", "Ours: the qgZ CUDA kernels (csrc/qgz.cu). With one GPU per node there is "
         "no node-local sum, so ours rounds to 4 bits once; DeepSpeed quantizes and dequantizes through its "
@@ -69,6 +71,7 @@ def main():
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results = measure()
+    results["commit"] = commit()
     (args.out / "qgz_gpu.json").write_text(json.dumps(results, indent=1))
     (args.out / "qgz_gpu.md").write_text(render(results))
     print(render(results))

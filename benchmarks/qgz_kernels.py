@@ -123,7 +123,7 @@ def render(data):
     lines = [
         "# qgZ codec kernels on one GPU", "",
         f"GPU: {info['gpu']} · driver {info['driver']} · torch {info['torch']} · CUDA {info['cuda']} · "
-        f"DeepSpeed {info['deepspeed']}", "",
+        f"DeepSpeed {info['deepspeed']} · commit {info.get('commit', 'unknown')}", "",
         f"One rank's steps of a reduce-scatter in a {WORLD}-rank job ({NODES} nodes x {LOCAL} GPUs), all-to-alls "
         "left out: encode (gradient -> 4-bit blocks for the 8 node-local peers), reduce (8 received blocks -> fp32 "
         "sum -> 4-bit blocks for the 2 nodes), decode (2 received blocks -> fp32 sum / 16 -> gradient dtype). "
