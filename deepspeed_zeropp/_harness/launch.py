@@ -4,6 +4,7 @@ import glob
 import importlib.util
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -82,6 +83,13 @@ def run_job(spec, world_size=2, timeout=600, env=None, device="cpu", local_size=
         raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
     roots = [instrument_root(name) for name in instrument_names(spec.get("instruments"))]
     workdir = tempfile.mkdtemp(prefix="deepspeed_zeropp_job_")
+    try:
+        return _run_in(workdir, spec, world_size, timeout, env, device, local_size, roots)
+    finally:  # the job's files (checkpoints of ~100 MB included) are read or in the exception by now
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_in(workdir, spec, world_size, timeout, env, device, local_size, roots):
     spec = dict(spec, out=os.path.join(workdir, "result.json"), device=device)
     spec_path = os.path.join(workdir, "spec.json")
     with open(spec_path, "w") as f:

@@ -4,6 +4,8 @@ MixZ++ keeps frozen weights as int8 codes with their scales. Exports (zero_to_fp
 save_16bit_model) must give the dequantized weight a forward uses, in its dtype; a weight written through
 GatheredParameters(modifier_rank=0) must keep the written values; a checkpoint must restore the codes exactly.
 """
+import tempfile
+
 import pytest
 
 from deepspeed_zeropp._harness.launch import run_job
@@ -13,7 +15,16 @@ STEPS = 2
 
 
 @pytest.fixture(scope="module")
-def bert():
+def job_tmp(tmp_path_factory):
+    """The temporary directory the job's work directory is made in (checkpoints and exports are written there)."""
+    directory, previous = tmp_path_factory.mktemp("jobs"), tempfile.tempdir
+    tempfile.tempdir = str(directory)
+    yield directory
+    tempfile.tempdir = previous
+
+
+@pytest.fixture(scope="module")
+def bert(job_tmp):
     runs = [
         {
             "name": "baseline"
@@ -55,6 +66,11 @@ def test_exports_give_frozen_weights_as_forward_uses_them(bert):
     what a forward gathers, bit for bit, in its dtype."""
     export = finished(bert["runs"]["mixz"])["export"]
     assert export["frozen"] > 0 and export["wrong"] == [], export
+
+
+def test_job_leaves_no_files(bert, job_tmp):
+    """The job wrote checkpoints and exports into its work directory; run_job removes it."""
+    assert not list(job_tmp.iterdir())
 
 
 def test_written_weight_persists(bert):
