@@ -247,20 +247,9 @@ def checks(link, summary, ratio):
 
 
 def git_commit(args):
-    if args.commit:
-        return args.commit
-    try:
-        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
-                              capture_output=True,
-                              text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True,
-                               text=True,
-                               check=True).stdout.strip()
-        return head + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (no git checkout; pass --commit)"
+    """--commit, else what the kernel benchmark names ($BENCH_COMMIT or the checkout's commit, "+dirty" if edited)."""
+    from deepspeed_zeropp.bench import commit
+    return args.commit or commit()
 
 
 def environment(args):
