@@ -15,8 +15,9 @@ InfiniBand), the bandwidth where weight and gradient quantization are meant to p
     python benchmarks/e2e.py --smoke --out /tmp/e2e                          # the whole pipeline on CPU, tiny GPT
 
 Writes NAME.{json,md,png} into --out (NAME: e2e_LINK, or --name), after every repetition, so a run stopped by
-``--deadline`` leaves what it measured. ``--profile CONFIG`` adds one job that profiles 3 steps of CONFIG on rank 0
-(NAME_profile.md: top operations by device time; NAME_profile.trace.json.gz: the Chrome trace).
+``--deadline`` leaves what it measured. ``--profile CONFIG [CONFIG ...]`` adds one job that profiles the last 3
+steps of each on rank 0 (NAME_profile.md: where the kernel time goes, and the top operations by device time;
+NAME_profile_CONFIG.trace.json.gz: the Chrome traces).
 """
 import argparse
 import concurrent.futures
@@ -90,7 +91,10 @@ def parse_args(argv=None):
                         default=540,
                         help="seconds from start: no job starts that the "
                         "last repetition's duration says would end later, and a running one is stopped there")
-    parser.add_argument("--profile", choices=CONFIGS, help="also profile 3 steps of this configuration on rank 0")
+    parser.add_argument("--profile",
+                        nargs="+",
+                        choices=CONFIGS,
+                        help="also profile 3 steps of these configurations on rank 0, in one job")
     parser.add_argument("--device", choices=("cuda-isolated", "cpu"), default="cuda-isolated")
     parser.add_argument("--smoke",
                         action="store_true",
@@ -435,27 +439,98 @@ def write(args, reps, env, commit):
     return result, plotted
 
 
-def profile(args, left):
-    """One job: CONFIG with the profiler over its last 3 steps on rank 0; the table goes into NAME_profile.md."""
-    table = args.out / f"{args.name}_profile.txt"
+def _union_ms(intervals):
+    """Milliseconds covered by at least one of the (start, end) microsecond intervals."""
+    total, current = 0.0, None
+    for start, end in sorted(intervals):
+        if current is None or start > current[1]:
+            total += current[1] - current[0] if current else 0.0
+            current = [start, end]
+        else:
+            current[1] = max(current[1], end)
+    return (total + (current[1] - current[0] if current else 0.0)) / 1e3
+
+
+def kernel_breakdown(trace_path):
+    """Where the device time of a profiled stretch goes, from its Chrome trace (gzipped): the span from the first
+    kernel's start to the last one's end, the time some kernel runs, NCCL kernels and the others (each as the
+    union of their intervals, so overlapping streams count once), and per NCCL kernel its calls and summed time."""
+    import gzip
+    with gzip.open(trace_path, "rt") as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    if not events:
+        return None
+    spans = [(e["ts"], e["ts"] + e["dur"], e["name"].startswith("nccl")) for e in events]
+    nccl = {}
+    for e in events:
+        if e["name"].startswith("nccl"):
+            calls, ms = nccl.get(e["name"].split("(")[0], (0, 0.0))
+            nccl[e["name"].split("(")[0]] = (calls + 1, ms + e["dur"] / 1e3)
+    return {
+        "span_ms": (max(end for _, end, _ in spans) - min(start for start, _, _ in spans)) / 1e3,
+        "busy_ms": _union_ms([(s, e) for s, e, _ in spans]),
+        "nccl_ms": _union_ms([(s, e) for s, e, is_nccl in spans if is_nccl]),
+        "compute_ms": _union_ms([(s, e) for s, e, is_nccl in spans if not is_nccl]),
+        "nccl_kernels": {
+            name: {
+                "calls": c,
+                "ms": ms
+            }
+            for name, (c, ms) in sorted(nccl.items())
+        },
+    }
+
+
+def profile_markdown(args, profiles, commit):
+    """NAME_profile.md: per profiled configuration, the job's step times, the kernel-time breakdown of the profiled
+    steps and torch.profiler's table of the top operations by device time."""
+    lines = [
+        f"# Profiles, {args.link} link: the last 3 of {args.warmup} + 3 steps on rank 0", "",
+        f"Commit {commit}; model and batch as in {args.name}.md. One job trains the configurations one after the other, each profiled over its last 3 steps "
+        "(torch.profiler, which slows the host: compare configurations within this file, not with the step times "
+        f"of {args.name}.md). Kernel time from the Chrome trace: *busy* is the time some kernel runs, *NCCL* and "
+        "*compute* the time some NCCL or other kernel runs (streams overlap, so each is a union), *idle* the "
+        "span minus busy.", "",
+        "| configuration | step times, ms | span, ms | busy | NCCL | compute | idle | NCCL kernels: calls, ms |",
+        "|---|---|---|---|---|---|---|---|"
+    ]
+    for key, (step_ms, _, kernels) in profiles.items():
+        steps = ", ".join(f"{ms:.0f}" for ms in step_ms)
+        if kernels is None:
+            lines.append(f"| {CONFIGS[key][0]} | {steps} | no kernels traced |||||||")
+            continue
+        calls = "; ".join(f"{name.replace('ncclDevKernel_', '')} {k['calls']}, {k['ms']:.0f}"
+                          for name, k in kernels["nccl_kernels"].items())
+        lines.append(f"| {CONFIGS[key][0]} | {steps} | {kernels['span_ms']:.0f} | {kernels['busy_ms']:.0f} | "
+                     f"{kernels['nccl_ms']:.0f} | {kernels['compute_ms']:.0f} | "
+                     f"{kernels['span_ms'] - kernels['busy_ms']:.0f} | {calls} |")
+    for key, (_, table, _) in profiles.items():
+        lines += ["", f"## {CONFIGS[key][0]}: top operations by device time", "", "```", table.rstrip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def profile(args, left, commit):
+    """One job: each configuration of --profile with the profiler over its last 3 steps on rank 0, into
+    NAME_profile.md (and NAME_profile_CONFIG.trace.json.gz, the Chrome traces)."""
+    tables = {key: args.out / f"{args.name}_profile_{key}.txt" for key in args.profile}
     steps = args.steps
     args.steps = 3
     try:
-        out = job(args, [run_of(args.profile, profile={"path": str(table), "steps": 3})], timeout=left)
+        runs = [run_of(key, profile={"path": str(tables[key]), "steps": 3}) for key in args.profile]
+        out = job(args, runs, timeout=left)
     finally:
         args.steps = steps
-    run = out["runs"][args.profile]
-    if "error" in run:
-        raise RuntimeError(run["error"])
-    text = table.read_text()
-    table.unlink()
-    (args.out / f"{args.name}_profile.md").write_text(
-        f"# Profile of {CONFIGS[args.profile][0]}, {args.link} link: 3 steps on rank 0 after {args.warmup} "
-        f"warm-up steps\n\nStep times of the job, ms: {', '.join(f'{ms:.1f}' for ms in run['step_ms'])}. "
-        f"Chrome trace: {args.name}_profile.txt.trace.json.gz.\n\n```\n{text}\n```\n")
-    trace = args.out / f"{args.name}_profile.txt.trace.json.gz"
-    trace.rename(args.out / f"{args.name}_profile.trace.json.gz")
-    log(f"wrote {args.out / (args.name + '_profile.md')} and the trace")
+    profiles = {}
+    for key, table in tables.items():
+        run = out["runs"].get(key, {"error": "not run"})
+        if "error" in run:
+            raise RuntimeError(f"{key}: {run['error']}")
+        trace = args.out / f"{args.name}_profile_{key}.trace.json.gz"
+        Path(f"{table}.trace.json.gz").rename(trace)
+        profiles[key] = (run["step_ms"], table.read_text(), kernel_breakdown(trace))
+        table.unlink()
+    (args.out / f"{args.name}_profile.md").write_text(profile_markdown(args, profiles, commit))
+    log(f"wrote {args.out / (args.name + '_profile.md')} and the traces")
 
 
 def render(args):
@@ -510,9 +585,9 @@ def main(argv=None):
         if left < 30:
             log(f"no time left to profile ({left:.0f} s)")
         else:
-            log(f"profiling {args.profile} ({left:.0f} s left)")
+            log(f"profiling {', '.join(args.profile)} ({left:.0f} s left)")
             try:
-                profile(args, int(left))
+                profile(args, int(left), commit)
             except (launch.JobFailed, RuntimeError, OSError) as error:
                 log(f"profile failed: {str(error)[:2000]}")
     if reps:
