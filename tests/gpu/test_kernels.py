@@ -86,6 +86,24 @@ def test_quantize_edge_values_match_reference(dtype, group_size):
     assert not codes.view(groups, -1)[6:9].any()
 
 
+# Groups of 17-32 packets per lane: the warp kernel takes them when there are at least 64 per SM (quantize.cu), the
+# block kernel otherwise; both counts, each with group sizes that are and are not a multiple of the packet.
+LARGE_GROUPS = [(torch.float32, 4096), (torch.float32, 4093), (torch.bfloat16, 8192), (torch.float16, 8190)]
+
+
+@pytest.mark.parametrize("per_sm", [64, 16])
+@pytest.mark.parametrize("dtype,group_size", LARGE_GROUPS, ids=[f"{d}-{g}" for d, g in LARGE_GROUPS])
+def test_quantize_many_large_groups_match_reference(dtype, group_size, per_sm):
+    edges, cases = edge_groups(dtype, group_size)
+    groups = per_sm * torch.cuda.get_device_properties(edges.device).multi_processor_count + 3
+    numel = groups * group_size - group_size // 3  # and a short last group
+    x = edges.repeat(math.ceil(groups / cases))[:numel]
+    codes, scales = cuda_backend.quantize(x, groups, group_size)
+    ref_codes, ref_scales = torch_ref.quantize(x.cpu(), groups, group_size)
+    assert_bitwise(codes, ref_codes)
+    assert_bitwise(scales, ref_scales)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_unaligned_and_non_contiguous_input_through_ops(dtype):
     base = random_groups(8 * 4099 + 1, 1, dtype, seed=3)
