@@ -343,6 +343,8 @@ def markdown(args, result):
     for c in result["checks"]:
         verdict = {True: "met", False: "MISSED", None: "not measured"}[c["met"]]
         lines.append(f"- {c['target']}: **{verdict}** ({c['figures']})")
+    if (args.out / f"{args.name}_profile.md").exists():
+        lines += ["", f"Where the time goes: {args.name}_profile.md (`--profile`)."]
     errors = [(summary[k]["label"], e) for k in args.configs for e in summary[k]["errors"]]
     errors += [(f"repetition {i + 1}", rep["job_error"]) for i, rep in enumerate(result["reps"]) if "job_error" in rep]
     if errors:
@@ -402,7 +404,7 @@ def parameters(args):
     return args.vocab * w + args.seq * w + args.layers * (12 * w * w + 13 * w) + 2 * w
 
 
-def write(args, reps, env, commit):
+def write(args, reps, env, commit, save_json=True):
     summary = summarize(args, reps)
     ratio = ratios(summary)
     deepspeed = next((rep["deepspeed"] for rep in reps if "deepspeed" in rep), None)
@@ -433,7 +435,8 @@ def write(args, reps, env, commit):
         reps,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
+    if save_json:  # not when rendering: the measured file stays as it was written
+        (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
     (args.out / f"{args.name}.md").write_text(markdown(args, result))
     plotted = plot(args, result, args.out / f"{args.name}.png")
     return result, plotted
@@ -540,7 +543,7 @@ def render(args):
         if key not in ("out", "name", "render"):
             setattr(args, key, value)
     args.out, args.name = args.render.parent, args.render.stem
-    _, plotted = write(args, saved["reps"], saved["environment"], saved["commit"])
+    _, plotted = write(args, saved["reps"], saved["environment"], saved["commit"], save_json=False)
     log(f"wrote {args.out / args.name}.md{' and .png' if plotted else ' (no matplotlib: no .png)'}")
 
 
