@@ -9,8 +9,8 @@ Three parts, each printed as ratios with their spread:
   figures taken side by side; the spread is the min-max over trials. Inputs rotate over enough buffers to exceed
   the L2 cache several times.
 - Host overhead: wall time per call of ``ops.quantize`` / ``ops.dequantize`` (the path the patched DeepSpeed
-  calls, checks included) against DeepSpeed's op called directly, back to back at 1M fp16 elements, interleaved
-  per trial.
+  calls, checks included) against DeepSpeed's op called directly and our extension's entry points called directly,
+  back to back at 1M fp16 elements, interleaved per trial.
 - JIT build: cold build and warm load times of the extension in fresh processes.
 
     python -m deepspeed_zeropp bench --out benchmarks/results      (or: python benchmarks/bench_kernels.py)
@@ -193,15 +193,21 @@ def bench_bandwidth(dtype, numel, layout, ours, ds_op, reps, trials):
 
 
 def bench_host(ds_op, calls=2000, trials=9):
-    """Host microseconds per call, back to back (one synchronize after ``calls`` calls), at 1M fp16 elements."""
+    """Host microseconds per call, back to back (one synchronize after ``calls`` calls), at 1M fp16 elements. The
+    extension's bound entry points (what ops calls once its checks have passed) show what the Python layer adds."""
     from . import ops
+    from .backends import cuda
     x = torch.randn(HOST_NUMEL, device="cuda", dtype=torch.float16)
-    groups, _ = group_layout(HOST_NUMEL)
+    groups, group_size = group_layout(HOST_NUMEL)
     codes, scales = ops.quantize(x)
     scales = scales.view(-1, 1)  # as DeepSpeed hands them to dequantize
+    ext_quantize, quantize_args = cuda.bind_quantize(groups, group_size)
+    ext_dequantize, dequantize_args = cuda.bind_dequantize(group_size, torch.float16)
     functions = {
         "ops_quantize": lambda: ops.quantize(x),
         "ops_dequantize": lambda: ops.dequantize(codes, scales, torch.float16),
+        "ext_quantize": lambda: ext_quantize(x, *quantize_args),
+        "ext_dequantize": lambda: ext_dequantize(codes, scales, *dequantize_args),
     }
     if ds_op is not None:
         functions["ds_quantize"] = lambda: ds_op.quantize(x, groups, 8, ds_op.Symmetric)
@@ -285,6 +291,8 @@ def write_markdown(path, info, rows, host, build):
                      f"{_fmt_ratio(host.get(f'{op}_vs_ds'))} |")
         if theirs:
             lines.append(f"| DeepSpeed op {op} | {theirs['us']:.2f} ({theirs['low']:.2f}-{theirs['high']:.2f}) | |")
+        ext = host[f"ext_{op}"]
+        lines.append(f"| extension {op} alone (no checks) | {ext['us']:.2f} ({ext['low']:.2f}-{ext['high']:.2f}) | |")
     checks = _meets(rows, host)
     missed = [text for text, met in checks if not met]
     lines += ["", f"## Targets: {len(checks) - len(missed)} of {len(checks)} met", ""]

@@ -2,17 +2,24 @@
 
 Backends only ever see contiguous tensors whose sizes already agree with the group layout (of any shape: they
 return codes or values of their input's shape); everything a caller can get wrong is rejected here with an error
-that names the problem and what is accepted. This is also the hot path (DeepSpeed calls it per gathered
-parameter or bucket), so the checks are cheap attribute tests and the layouts are memoised. The layout itself
-comes from :func:`grouping.group_layout`.
-"""
-import functools
+that names the problem and what is accepted. The layout itself comes from :func:`grouping.group_layout`.
 
+This is also the hot path (DeepSpeed calls it per gathered parameter or bucket, a few microseconds of host time
+each), so every check runs once per call signature: the first call with a new signature takes the checked path,
+which raises on bad input and otherwise remembers the backend entry point and layout arguments under a key of
+everything those checks read (tensor types, dtypes, devices, sizes, the arguments and their types). A later call
+with an equal key passed the same checks, so it only tests contiguity, which the key leaves out, and calls the
+remembered entry point. Arguments that cannot form a key take the checked path every time.
+"""
 import torch
 
 from .dtypes import DEFAULT_DEQUANT_DTYPE, SUPPORTED_DTYPES, check_float_dtype, check_wire_tensors
 from .grouping import Layout, group_layout
 from .backends import resolve_backend
+
+CALLS_LIMIT = 4096  # signatures per op; a model uses far fewer. A full table is emptied: a hit stays one lookup
+_quantize_calls = {}  # key -> (entry point, its arguments after the tensor)
+_dequantize_calls = {}  # key -> (entry point, its arguments after codes and scales)
 
 
 def quantize(x, groups=None, backend="auto"):
@@ -21,33 +28,29 @@ def quantize(x, groups=None, backend="auto"):
     The groups are ``group_layout(x.numel())`` when ``groups`` is None or that layout's own count; any other
     ``groups`` must divide ``x.numel()`` and gives equal groups (DeepSpeed's op's meaning of the argument).
     """
+    key = call = None
+    try:
+        key = (type(x), x.dtype, x.device, x.numel(), groups, type(groups), backend)
+        call = _quantize_calls[key]
+    except Exception:  # a new signature, or arguments that form no key
+        pass
+    if call is None:  # outside the handler, so that an error of the checks comes with no lookup failure chained
+        return _checked_quantize(x, groups, backend, key)
+    function, arguments = call
+    return function(x if x.is_contiguous() else x.contiguous(), *arguments)
+
+
+def _checked_quantize(x, groups, backend, key):
     if not (isinstance(x, torch.Tensor) and x.dtype in SUPPORTED_DTYPES and not x.is_meta):
         _check_tensor(x, "quantize input")
         check_float_dtype(x.dtype, "quantize input")
     layout = group_layout(x.numel()) if groups is None else _explicit_layout(x.numel(), groups)
-    impl = resolve_backend(backend, x.device)
-    return impl.quantize(x if x.is_contiguous() else x.contiguous(), *layout)
+    call = _entry_point(resolve_backend(backend, x.device), "quantize", layout)
+    return _remember(_quantize_calls, key, call, x if x.is_contiguous() else x.contiguous())
 
 
-def _memoised(layout_function):
-    """Layouts are pure functions of their integer arguments: computed once per argument tuple, so the per-call
-    cost of the checks is a dictionary lookup. Unhashable arguments bypass the cache and reach the function's own
-    check, which names them."""
-    cached = functools.lru_cache(maxsize=1024, typed=True)(layout_function)
-
-    @functools.wraps(layout_function)
-    def call(*args):
-        try:
-            return cached(*args)
-        except TypeError:
-            return layout_function(*args)
-
-    return call
-
-
-@_memoised
 def _explicit_layout(numel, groups):
-    if not isinstance(groups, int) or isinstance(groups, bool):
+    if not _is_int(groups):
         raise ValueError(f"groups must be None or a positive int dividing numel={numel}, got {groups!r}")
     layout = group_layout(numel)
     if groups != layout.groups:
@@ -57,6 +60,32 @@ def _explicit_layout(numel, groups):
     return layout
 
 
+def _entry_point(impl, operation, arguments):
+    """What a remembered call signature calls: ``(function, arguments)`` with ``function(tensors..., *arguments)``
+    equal to ``impl.<operation>(tensors..., *arguments)``. A backend may offer ``bind_<operation>`` to hand out its
+    compiled entry point and that entry point's own arguments, so that no Python frame of its own runs per call."""
+    bind = getattr(impl, f"bind_{operation}", None)
+    return bind(*arguments) if bind is not None else (getattr(impl, operation), arguments)
+
+
+def _remember(calls, key, call, *tensors):
+    """Run ``call`` on ``tensors``; if it succeeds, remember it under ``key`` (None: no key could be built)."""
+    function, arguments = call
+    result = function(*tensors, *arguments)
+    if key is not None:
+        if len(calls) >= CALLS_LIMIT:
+            calls.clear()
+        try:
+            calls[key] = call
+        except TypeError:  # an unhashable argument the checks accepted: it takes the checked path every time
+            pass
+    return result
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_tensor(value, what):
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
@@ -64,11 +93,8 @@ def _check_tensor(value, what):
         raise ValueError(f"{what} is on the meta device, which holds no values; pass a tensor on a real device")
 
 
-_OUTPUT_DTYPES = SUPPORTED_DTYPES + (None, )
-
-
 def _check_dequantize_inputs(codes, scales, dtype):
-    """Raise the error that names what is wrong with dequantize's arguments (the slow path of its checks)."""
+    """Raise the error that names what is wrong with dequantize's arguments."""
     _check_tensor(codes, "dequantize codes")
     _check_tensor(scales, "dequantize scales")
     if scales.device != codes.device:
@@ -89,32 +115,39 @@ def dequantize(codes, scales, dtype=None, group_size=None, block_numel=None, bac
     - ``group_size=E``: contiguous groups of E elements; the codes may be a prefix of S * E.
     - neither: one quantized buffer, in ``group_layout(codes.numel())`` if that has S groups, else S equal groups.
     """
-    # The common case in one expression of cheap tests (the same conditions as the slow path's, which then names
-    # the problem): int8 codes, fp32 scales [S] or [S, 1] with S >= 1 on the codes' device, a supported dtype.
-    device = codes.device if isinstance(codes, torch.Tensor) else None
-    if not (device is not None and isinstance(scales, torch.Tensor) and codes.dtype is torch.int8
-            and scales.dtype is torch.float32 and dtype in _OUTPUT_DTYPES and not codes.is_meta
-            and 0 < scales.dim() <= 2 and scales.numel() == scales.shape[0] > 0 and scales.device == device):
-        _check_dequantize_inputs(codes, scales, dtype)
-    if dtype is None:
-        dtype = DEFAULT_DEQUANT_DTYPE
+    key = call = None
+    try:
+        key = (type(codes), type(scales), codes.dtype, scales.dtype, codes.device, scales.device, codes.numel(),
+               scales.shape, dtype, group_size, type(group_size), block_numel, type(block_numel), backend)
+        call = _dequantize_calls[key]
+    except Exception:  # see quantize
+        pass
+    if call is None:
+        return _checked_dequantize(codes, scales, dtype, group_size, block_numel, backend, key)
+    function, arguments = call
+    return function(codes if codes.is_contiguous() else codes.contiguous(),
+                    scales if scales.is_contiguous() else scales.contiguous(), *arguments)
+
+
+def _checked_dequantize(codes, scales, dtype, group_size, block_numel, backend, key):
+    _check_dequantize_inputs(codes, scales, dtype)
+    dtype = DEFAULT_DEQUANT_DTYPE if dtype is None else dtype
     numel = codes.numel()
     group_size, block_numel = _dequantize_layout(numel, scales.numel(), group_size, block_numel)
-    if numel == 0:
-        return torch.empty(codes.shape, dtype=dtype, device=device)
-    impl = resolve_backend(backend, device)
-    return impl.dequantize(codes if codes.is_contiguous() else codes.contiguous(),
-                           scales if scales.is_contiguous() else scales.contiguous(), group_size, dtype, block_numel)
+    if numel == 0:  # no backend call, nothing to remember
+        return torch.empty(codes.shape, dtype=dtype, device=codes.device)
+    call = _entry_point(resolve_backend(backend, codes.device), "dequantize", (group_size, dtype, block_numel))
+    return _remember(_dequantize_calls, key, call, codes if codes.is_contiguous() else codes.contiguous(),
+                     scales if scales.is_contiguous() else scales.contiguous())
 
 
-@_memoised
 def _dequantize_layout(numel, num_groups, group_size, block_numel):
     """(group size, block numel) for the backends; the block numel is None when every group has the group size (the
     backends' fast path): one block, or blocks that split into equal groups."""
     if group_size is not None and block_numel is not None:
         raise ValueError("pass group_size or block_numel, not both")
     if block_numel is not None:
-        if not isinstance(block_numel, int) or block_numel < 1:
+        if not _is_int(block_numel) or block_numel < 1:
             raise ValueError(f"block_numel must be a positive int, got {block_numel!r}")
         layout = group_layout(block_numel)
         blocks = num_groups // layout.groups
@@ -131,7 +164,9 @@ def _dequantize_layout(numel, num_groups, group_size, block_numel):
             raise ValueError(f"{numel} codes cannot be split into {num_groups} equal groups; pass group_size "
                              "or block_numel")
         return numel // num_groups, None
-    if numel > num_groups * group_size or group_size < 1:
+    if not _is_int(group_size) or group_size < 1:
+        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+    if numel > num_groups * group_size:
         raise ValueError(f"{numel} codes do not fit {num_groups} groups of {group_size}")
     return group_size, None
 
@@ -163,7 +198,7 @@ def dequantize_segments(codes, scales, block_numels, dtype=None, backend="auto")
 
 
 def _count(n):
-    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+    return _is_int(n) and n >= 0
 
 
 def _runs(block_numels):

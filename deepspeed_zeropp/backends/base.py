@@ -17,7 +17,12 @@ class Backend(Protocol):
 
     ``NAME``: its name in ``BACKENDS``. ``SERVES_QGZ``: whether its ``qgz_*`` functions implement qgZ's 4-bit
     wire (``formats/int4.py``) for every supported dtype; a backend that does not still defines them, raising, and
-    the registry's :func:`~deepspeed_zeropp.backends.qgz_backend` names the backend that serves qgZ instead."""
+    the registry's :func:`~deepspeed_zeropp.backends.qgz_backend` names the backend that serves qgZ instead.
+
+    Optional: ``bind_quantize(groups, group_size)`` and ``bind_dequantize(group_size, dtype, block_numel)`` return
+    ``(function, arguments)`` with ``function(tensors..., *arguments)`` doing what ``quantize`` / ``dequantize`` do
+    with those arguments; ``ops`` remembers the pair per call signature, so a compiled entry point is called with no
+    Python frame of the backend (``cuda`` offers them). Without them ``ops`` calls ``quantize`` / ``dequantize``."""
 
     NAME: str
     SERVES_QGZ: bool

@@ -135,6 +135,12 @@ def quantize(x, groups, group_size=None):
     return (_module or _extension()).quantize(x, groups, x.numel() // groups if group_size is None else group_size)
 
 
+def bind_quantize(groups, group_size):
+    """The extension's entry point and its arguments after the tensor, for ``quantize(x, groups, group_size)``:
+    ops remembers them per call signature, so its hot path calls the extension with no frame of this module."""
+    return (_module or _extension()).quantize, (groups, group_size)
+
+
 # Output format ids of the extension's dequantize (binding.cpp's format_id).
 _FORMAT_IDS = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
@@ -143,8 +149,15 @@ def dequantize(codes, scales, group_size, dtype, block_numel=None):
     """Dequantize contiguous int8 ``codes`` (read flat) with contiguous fp32 ``scales`` ([S] or [S, 1]) into a new
     tensor of ``dtype`` and the codes' shape: groups of ``group_size`` (codes may be a prefix of S * group_size),
     or blocks of ``block_numel`` elements each with a short last group."""
-    return (_module or _extension()).dequantize(codes, scales, group_size,
-                                                group_size if block_numel is None else block_numel, _FORMAT_IDS[dtype])
+    function, arguments = bind_dequantize(group_size, dtype, block_numel)
+    return function(codes, scales, *arguments)
+
+
+def bind_dequantize(group_size, dtype, block_numel=None):
+    """The extension's entry point and its arguments after codes and scales, for ``dequantize(codes, scales,
+    group_size, dtype, block_numel)``; see :func:`bind_quantize`."""
+    return (_module or _extension()).dequantize, (group_size, group_size if block_numel is None else block_numel,
+                                                  _FORMAT_IDS[dtype])
 
 
 def _check_qgz(condition, message):
