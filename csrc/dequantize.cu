@@ -45,7 +45,8 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const int8_t* __re
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
         const Index first = (tile + k * kThreads + threadIdx.x) * VEC;
-        if (first + VEC <= numel) in[k].raw[0] = reinterpret_cast<const CodePacket*>(codes + first)->raw[0];
+        if (first + VEC <= numel)
+            in[k].raw[0] = load_once(&reinterpret_cast<const CodePacket*>(codes + first)->raw[0]);
     }
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
@@ -60,7 +61,8 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const int8_t* __re
                     result.e[j] = Fmt::from_float(__fmul_rn(static_cast<float>(in[k].e[j]), scale));
                 OutPacket* target = reinterpret_cast<OutPacket*>(out + first);
 #pragma unroll
-                for (int r = 0; r < sizeof(result.raw) / sizeof(result.raw[0]); ++r) target->raw[r] = result.raw[r];
+                for (int r = 0; r < sizeof(result.raw) / sizeof(result.raw[0]); ++r)
+                    store_once(&target->raw[r], result.raw[r]);
             } else {
                 for (Index i = first; i < numel; ++i)
                     out[i] = Fmt::from_float(__fmul_rn(static_cast<float>(codes[i]), scale));
@@ -98,7 +100,8 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const int8_t* __re
             for (int j = 0; j < VEC; ++j) result.e[j] = value(in[k].e[j]);
             OutPacket* target = reinterpret_cast<OutPacket*>(out + first);
 #pragma unroll
-            for (int r = 0; r < sizeof(result.raw) / sizeof(result.raw[0]); ++r) target->raw[r] = result.raw[r];
+            for (int r = 0; r < sizeof(result.raw) / sizeof(result.raw[0]); ++r)
+                store_once(&target->raw[r], result.raw[r]);
         } else {
             for (Index i = first; i < numel; ++i) out[i] = value(codes[i]);
         }

@@ -62,4 +62,24 @@ using RawFor = typename std::conditional<
 template <typename Element, int N>
 using PacketOf = Packet<RawFor<Element, N>, Element, N>;
 
+template <typename T>
+__device__ __forceinline__ T load_once(const T* p)
+{
+#if DSZPP_STREAM_LOADS
+    return __ldcs(p);
+#else
+    return *p;
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ void store_once(T* p, T v)
+{
+#if DSZPP_STREAM_STORES
+    __stcs(p, v);
+#else
+    *p = v;
+#endif
+}
+
 }  // namespace dszpp
