@@ -6,6 +6,7 @@
 // scale per packet. Groups of any other size are handled inside a packet by stepping the group index when the offset
 // reaches the group's length (one integer division per packet, two for blocked layouts). Divisions are 32-bit
 // whenever the tensor allows. The last, partial packet and pointers that are not 16-byte aligned go element by element.
+// Packets are read and written with cache-streaming hints (formats.cuh).
 //
 // Layouts (quantizer.h): equal groups, or blocks of block_numel elements each ending in a shorter group (a gather of
 // per-rank quantized buffers). Groups are numbered block after block, so stepping always moves to the next scale; only
@@ -46,7 +47,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const int8_t* __re
     for (int k = 0; k < kUnroll; ++k) {
         const Index first = (tile + k * kThreads + threadIdx.x) * VEC;
         if (first + VEC <= numel)
-            in[k].raw[0] = load_once(&reinterpret_cast<const CodePacket*>(codes + first)->raw[0]);
+            in[k].raw[0] = load_streaming(&reinterpret_cast<const CodePacket*>(codes + first)->raw[0]);
     }
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const int8_t* __re
                 OutPacket* target = reinterpret_cast<OutPacket*>(out + first);
 #pragma unroll
                 for (int r = 0; r < sizeof(result.raw) / sizeof(result.raw[0]); ++r)
-                    store_once(&target->raw[r], result.raw[r]);
+                    store_streaming(&target->raw[r], result.raw[r]);
             } else {
                 for (Index i = first; i < numel; ++i)
                     out[i] = Fmt::from_float(__fmul_rn(static_cast<float>(codes[i]), scale));
@@ -101,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const int8_t* __re
             OutPacket* target = reinterpret_cast<OutPacket*>(out + first);
 #pragma unroll
             for (int r = 0; r < sizeof(result.raw) / sizeof(result.raw[0]); ++r)
-                store_once(&target->raw[r], result.raw[r]);
+                store_streaming(&target->raw[r], result.raw[r]);
         } else {
             for (Index i = first; i < numel; ++i) out[i] = value(codes[i]);
         }

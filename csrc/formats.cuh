@@ -62,24 +62,19 @@ using RawFor = typename std::conditional<
 template <typename Element, int N>
 using PacketOf = Packet<RawFor<Element, N>, Element, N>;
 
+// Cache-streaming accesses (ld.global.cs / st.global.cs: the line is likely touched once) for dequantize's codes and
+// output: measured on H200 +5% at 16M elements and level at 134M, in every output dtype. Quantize keeps plain
+// accesses: streaming its input measured +3-10% at 16M but -7% at 134M.
 template <typename T>
-__device__ __forceinline__ T load_once(const T* p)
+__device__ __forceinline__ T load_streaming(const T* p)
 {
-#if DSZPP_STREAM_LOADS
     return __ldcs(p);
-#else
-    return *p;
-#endif
 }
 
 template <typename T>
-__device__ __forceinline__ void store_once(T* p, T v)
+__device__ __forceinline__ void store_streaming(T* p, T v)
 {
-#if DSZPP_STREAM_STORES
     __stcs(p, v);
-#else
-    *p = v;
-#endif
 }
 
 }  // namespace dszpp

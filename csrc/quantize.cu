@@ -131,7 +131,7 @@ __device__ __forceinline__ void store_codes(const InPacket& packet,
     PacketOf<int8_t, VEC> out;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) out.e[j] = quantize_value(values[j], multiplier, finite);
-    store_once(&target->raw[0], out.raw[0]);
+    target->raw[0] = out.raw[0];
 }
 
 template <typename Fmt, int VEC>
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kWarpBlockThreads) quantize_warp_kernel(const 
         const int idx = lane + 32 * k;
 #pragma unroll
         for (int r = 0; r < sizeof(cache[k].raw) / sizeof(cache[k].raw[0]); ++r)
-            cache[k].raw[r] = idx < packets ? load_once(&body[idx].raw[r]) : typename InPacket::RawType{};
+            cache[k].raw[r] = idx < packets ? body[idx].raw[r] : typename InPacket::RawType{};
     }
     const bool has_edge = lane < edge;
     const int64_t edge_index = lane < head ? start + lane : body_end + (lane - head);
