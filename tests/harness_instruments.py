@@ -10,18 +10,22 @@
 - ``loco``: ``error_buffers``, LoCo's per-parameter error buffers after training.
 
 Every run also reports ``seam_work``: calls of our code that does work (as opposed to the seams' tests for whether
-there is any), counted from before the engine is built until training ends.
+there is any), counted from before the engine is built until training ends; and ``left_behind``: how many of the
+engines of the job's earlier runs (the checkpoint's fresh ones included), their optimizers, parameters, parameter
+partitions and fp32 partitions are still alive when the run starts, by kind ({} when all were freed).
 """
 import hashlib
 import importlib
 import os
 import subprocess
 import sys
+import weakref
+from collections import Counter
 
 import torch
 
 from deepspeed_zeropp._harness import models
-from deepspeed_zeropp._harness.worker import make_engine, train_step
+from deepspeed_zeropp._harness.worker import make_engine, release_engine, train_step
 
 # Our code that does work: quantizer calls, the dequantize scopes of gather sites, padding, deferral, qgZ. With no
 # ZeRO++ flag none of them may run.
@@ -34,8 +38,25 @@ WORK = {
     "deepspeed_zeropp.qgz": ("_reduce_scatter_one", ),
 }
 
+# (kind, weak reference) of what the engines of finished runs held
+FINISHED = []
+
+
+def track(engine):
+    """Weak references to what ``engine`` holds, for the next runs to report as ``left_behind`` if still alive."""
+    optimizer = engine.optimizer
+    held = {
+        "engine": [engine],
+        "optimizer": [optimizer],
+        "parameter": list(engine.module.parameters()),
+        "partition": [p.ds_tensor for p in engine.module.parameters()],
+        "fp32_partition": list(getattr(optimizer, "fp32_partitioned_groups_flat", [])),
+    }
+    FINISHED.extend((kind, weakref.ref(obj)) for kind, objs in held.items() for obj in objs)
+
 
 def before_engine(job):
+    job.result["left_behind"] = dict(Counter(kind for kind, ref in FINISHED if ref() is not None))
     work = job.counters("seam_work")  # from the start: partitioning happens while the engine is built
     for module, names in WORK.items():
         for name in names:
@@ -48,6 +69,7 @@ def before_step(job, step):
 
 
 def after_training(job):
+    track(job.engine)
     run = job.run
     if run.get("gathered_check"):
         gathered_check(job.engine, job.checks)
@@ -202,6 +224,8 @@ def checkpoint_round_trip(engine, spec, run, dtype, rank):
     torch.distributed.all_gather_object(everyone, mismatched)  # every rank's partitions, not only rank 0's
     mismatched = [f"rank {r}: {k}" for r, keys in enumerate(everyone) for k in keys]
     losses_loaded = next_losses(fresh)
+    track(fresh)
+    release_engine(fresh)
     return {
         "mismatched": mismatched,
         "compared": len(before),
