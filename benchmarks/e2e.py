@@ -76,6 +76,9 @@ def parse_args(argv=None):
     parser.add_argument("--name", help="file stem of the results (default e2e_LINK, e2e_smoke with --smoke)")
     parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
     parser.add_argument("--reps", type=int, default=3, help="repetitions (jobs) of all configurations")
+    parser.add_argument("--rotate",
+                        action="store_true",
+                        help="start each repetition one configuration further along (A B C, B C A, ...)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per run, before the timed ones")
     parser.add_argument("--layers", type=int, default=24)
@@ -132,6 +135,13 @@ def spec_of(args, runs):
 def run_of(key, **extra):
     label, patched, options = CONFIGS[key]
     return dict(options, name=key, patch=patched, zero_init="config", **extra)
+
+
+def order_of(args, rep):
+    """The configurations of repetition ``rep``: as given (A B C, A B C, ...), or with ``--rotate`` each repetition
+    one further along (A B C, B C A, ...), so that no configuration always runs first or after the same one."""
+    shift = rep % len(args.configs) if args.rotate else 0
+    return args.configs[shift:] + args.configs[:shift]
 
 
 def job(args, runs, timeout):
@@ -321,7 +331,8 @@ def markdown(args, result):
         f"Model: GPT-2 architecture, {model['layers']} layers, width {model['width']}, {model['heads']} heads, "
         f"vocab {args.vocab}, {size(model['parameters'])} parameters, {args.dtype}, built under zero.Init; "
         f"sequence {args.seq}, micro-batch {args.batch} per rank, 2 ranks as 2 nodes, AdamW lr {args.lr}. "
-        f"{len(result['reps'])} repetitions (one job each, configurations interleaved in the order below), "
+        f"{len(result['reps'])} repetitions (one job each, configurations interleaved in the order below"
+        f"{', rotated by one each repetition' if getattr(args, 'rotate', False) else ''}), "
         f"{args.steps} timed steps per run after {args.warmup} untimed.", "",
         "| configuration | median step, ms | spread, ms | repetition medians, ms | vs unquantized | vs upstream | "
         "quantized gathers / reductions | peak GB |", "|---|---|---|---|---|---|---|---|"
@@ -569,7 +580,7 @@ def main(argv=None):
         # A hung run (a rank stuck in a collective) must not use up the time left: twice the last repetition.
         timeout = left if last is None else min(left, 2 * last + 60)
         try:
-            out = job(args, [run_of(key) for key in args.configs], timeout=max(30, int(timeout)))
+            out = job(args, [run_of(key) for key in order_of(args, rep)], timeout=max(30, int(timeout)))
             reps.append(out)
         except launch.JobFailed as error:  # keep the runs it finished
             reps.append(dict(error.partial or {"runs": {}}, job_error=str(error)[-4000:]))
