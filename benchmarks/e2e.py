@@ -332,7 +332,7 @@ def markdown(args, result):
         f"vocab {args.vocab}, {size(model['parameters'])} parameters, {args.dtype}, built under zero.Init; "
         f"sequence {args.seq}, micro-batch {args.batch} per rank, 2 ranks as 2 nodes, AdamW lr {args.lr}. "
         f"{len(result['reps'])} repetitions (one job each, configurations interleaved in the order below"
-        f"{', rotated by one each repetition' if getattr(args, 'rotate', False) else ''}), "
+        f"{', rotated by one each repetition' if args.rotate else ''}), "
         f"{args.steps} timed steps per run after {args.warmup} untimed.", "",
         "| configuration | median step, ms | spread, ms | repetition medians, ms | vs unquantized | vs upstream | "
         "quantized gathers / reductions | peak GB |", "|---|---|---|---|---|---|---|---|"

@@ -132,7 +132,8 @@ def _extension():
 def quantize(x, groups, group_size=None):
     """Quantize a contiguous CUDA tensor, read flat, in ``groups`` groups of ``group_size`` elements (default: equal
     groups), the last one possibly short -> (int8 codes of x's shape, fp32 scales [groups])."""
-    return (_module or _extension()).quantize(x, groups, x.numel() // groups if group_size is None else group_size)
+    function, arguments = bind_quantize(groups, x.numel() // groups if group_size is None else group_size)
+    return function(x, *arguments)
 
 
 def bind_quantize(groups, group_size):
