@@ -9,8 +9,16 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <array>
+#include <climits>
+#include <functional>
 #include <stdexcept>
 #include <tuple>
+#include <unordered_map>
+#include <utility>
 
 #include "quantizer.h"
 #include "wire_formats.h"
@@ -68,6 +76,47 @@ at::ScalarType scalar_type_of(int64_t format_id)
     }
 }
 
+// Allocation and launch for inputs already checked, on the input's device and current stream.
+std::tuple<at::Tensor, at::Tensor> run_quantize(const at::Tensor& input,
+                                                dszpp::Format format,
+                                                int64_t groups,
+                                                int64_t group_size)
+{
+    const c10::cuda::CUDAGuard device_guard(input.device());
+    at::Tensor codes = empty_on(input, input.sizes(), at::kChar);
+    at::Tensor scales = empty_on(input, {groups}, at::kFloat);
+    dszpp::launch_quantize(format,
+                           input.data_ptr(),
+                           codes.data_ptr<int8_t>(),
+                           scales.data_ptr<float>(),
+                           groups,
+                           group_size,
+                           input.numel(),
+                           c10::cuda::getCurrentCUDAStream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return {codes, scales};
+}
+
+at::Tensor run_dequantize(const at::Tensor& codes,
+                          const at::Tensor& scales,
+                          int64_t group_size,
+                          int64_t block_numel,
+                          at::ScalarType out_type)
+{
+    const c10::cuda::CUDAGuard device_guard(codes.device());
+    at::Tensor out = empty_on(codes, codes.sizes(), out_type);
+    dszpp::launch_dequantize(format_of(out_type, "out"),
+                             codes.data_ptr<int8_t>(),
+                             scales.data_ptr<float>(),
+                             out.data_ptr(),
+                             codes.numel(),
+                             group_size,
+                             block_numel,
+                             c10::cuda::getCurrentCUDAStream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return out;
+}
+
 // `groups` groups of `group_size` elements, the last one ending at numel (it may be shorter).
 std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& input, int64_t groups, int64_t group_size)
 {
@@ -79,19 +128,7 @@ std::tuple<at::Tensor, at::Tensor> quantize(const at::Tensor& input, int64_t gro
     require(group_size < INT32_MAX - 64, "groups of 2^31 or more elements are not supported");
     require(numel <= groups * group_size && (numel == 0 || (groups - 1) * group_size < numel),
             "groups of group_size elements must cover numel, the last one holding at least one element");
-    const c10::cuda::CUDAGuard device_guard(input.device());
-    at::Tensor codes = empty_on(input, input.sizes(), at::kChar);
-    at::Tensor scales = empty_on(input, {groups}, at::kFloat);
-    dszpp::launch_quantize(format,
-                           input.data_ptr(),
-                           codes.data_ptr<int8_t>(),
-                           scales.data_ptr<float>(),
-                           groups,
-                           group_size,
-                           numel,
-                           c10::cuda::getCurrentCUDAStream());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return {codes, scales};
+    return run_quantize(input, format, groups, group_size);
 }
 
 // Returns a new tensor of the codes' shape in the format `format_id` names (a small int: one pybind argument
@@ -113,20 +150,181 @@ at::Tensor dequantize(
         require(scales.numel() % block_groups == 0 && codes.numel() <= scales.numel() / block_groups * block_numel,
                 "codes do not fit blocks of block_numel elements with their scales");
     }
-    const at::ScalarType out_type = scalar_type_of(format_id);
-    const c10::cuda::CUDAGuard device_guard(codes.device());
-    at::Tensor out = empty_on(codes, codes.sizes(), out_type);
-    dszpp::launch_dequantize(format_of(out_type, "out"),
-                             codes.data_ptr<int8_t>(),
-                             scales.data_ptr<float>(),
-                             out.data_ptr(),
-                             codes.numel(),
-                             group_size,
-                             block_numel,
-                             c10::cuda::getCurrentCUDAStream());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return out;
+    return run_dequantize(codes, scales, group_size, block_numel, scalar_type_of(format_id));
 }
+
+// ---- Native call-signature tables: ops.quantize / ops.dequantize's hot path for CUDA tensors ----
+//
+// ops.py checks each new call signature in Python and remembers it. For this backend it also hands the signature to
+// remember_quantize / remember_dequantize here, and its first step on every call is fast_quantize / fast_dequantize:
+// plain CPython functions (METH_FASTCALL, no pybind argument matching) taking ops' own arguments. A signature is
+// admitted only in the one form this file can read without Python (exact Tensor or Parameter, a CUDA tensor of an
+// accepted dtype, contiguous, None or a plain int where ops allows an int, the backend "auto" or "cuda"); the key is
+// then what ops' checks read beyond that form (element counts and the arguments), so a remembered key has passed
+// them. Anything else, and any key not remembered, returns None: ops takes its own path, which raises where the
+// input is wrong. Nothing here raises for bad input; only failures of the allocation or the launch propagate.
+
+constexpr int64_t kNone = INT64_MIN;  // an argument given as None (ops accepts only ints >= 1 otherwise)
+
+// None -> kNone, a plain int (not bool) >= 1 -> its value; false for anything else.
+bool read_count(PyObject* arg, int64_t& value)
+{
+    if (arg == Py_None) {
+        value = kNone;
+        return true;
+    }
+    if (!PyLong_CheckExact(arg)) return false;
+    int overflow = 0;
+    value = PyLong_AsLongLongAndOverflow(arg, &overflow);
+    return overflow == 0 && value >= 1;
+}
+
+// "auto" -> 0, "cuda" -> 1 (both serve CUDA tensors with this extension once it is loaded); -1 otherwise.
+int read_backend(PyObject* arg)
+{
+    if (!PyUnicode_CheckExact(arg)) return -1;
+    if (PyUnicode_CompareWithASCIIString(arg, "auto") == 0) return 0;
+    if (PyUnicode_CompareWithASCIIString(arg, "cuda") == 0) return 1;
+    return -1;
+}
+
+// None -> fp16 (dequantize's default), a torch dtype of the three formats -> itself; false for anything else.
+bool read_out_type(PyObject* arg, at::ScalarType& type)
+{
+    if (arg == Py_None) {
+        type = at::kHalf;
+        return true;
+    }
+    if (!THPDtype_Check(arg)) return false;
+    type = reinterpret_cast<THPDtype*>(arg)->scalar_type;
+    return type == at::kHalf || type == at::kBFloat16 || type == at::kFloat;
+}
+
+// The tensor behind `arg` when it is an exact Tensor or Parameter on a CUDA device (and contiguous, where asked: the
+// keys leave contiguity out, and ops makes a copy for the extension); else nullptr.
+const at::Tensor* read_cuda_tensor(PyObject* arg, bool contiguous)
+{
+    if (!THPVariable_CheckExact(arg)) return nullptr;
+    const at::Tensor& tensor = THPVariable_Unpack(arg);
+    return tensor.is_cuda() && (!contiguous || tensor.is_contiguous()) ? &tensor : nullptr;
+}
+
+struct SignatureHash {
+    template <typename Key>
+    size_t operator()(const Key& key) const
+    {
+        size_t h = 0;
+        for (const int64_t part : key) h = h * 0x9E3779B97F4A7C15ull + std::hash<int64_t>{}(part);
+        return h;
+    }
+};
+
+// quantize: numel, groups argument, backend -> (groups, group_size).
+using QuantizeKey = std::array<int64_t, 3>;
+std::unordered_map<QuantizeKey, std::pair<int64_t, int64_t>, SignatureHash> quantize_signatures;
+// dequantize: codes numel, scales numel, output dtype, group_size and block_numel arguments, backend ->
+// (group_size, block_numel) as the extension's dequantize takes them.
+using DequantizeKey = std::array<int64_t, 6>;
+std::unordered_map<DequantizeKey, std::pair<int64_t, int64_t>, SignatureHash> dequantize_signatures;
+
+template <typename Table, typename Key>
+void remember(Table& table, const Key& key, std::pair<int64_t, int64_t> value, int64_t limit)
+{
+    if (static_cast<int64_t>(table.size()) >= limit) table.clear();
+    table[key] = value;
+}
+
+// Called by ops after its checks passed and this backend answered: the arguments as ops received them, the
+// resolved layout, and ops' table limit. Returns whether the signature is admitted (see above).
+bool remember_quantize(py::handle input, py::handle groups_arg, py::handle backend_arg, int64_t groups,
+                       int64_t group_size, int64_t limit)
+{
+    const at::Tensor* x = read_cuda_tensor(input.ptr(), false);
+    int64_t groups_key = 0;
+    const int backend = read_backend(backend_arg.ptr());
+    if (x == nullptr || !read_count(groups_arg.ptr(), groups_key) || backend < 0) return false;
+    remember(quantize_signatures, QuantizeKey{x->numel(), groups_key, backend}, {groups, group_size}, limit);
+    return true;
+}
+
+bool remember_dequantize(py::handle codes_arg, py::handle scales_arg, py::handle dtype_arg, py::handle group_size_arg,
+                         py::handle block_numel_arg, py::handle backend_arg, int64_t group_size, int64_t block_numel,
+                         int64_t limit)
+{
+    const at::Tensor* codes = read_cuda_tensor(codes_arg.ptr(), false);
+    const at::Tensor* scales = read_cuda_tensor(scales_arg.ptr(), false);
+    at::ScalarType out_type;
+    int64_t size_key = 0, block_key = 0;
+    const int backend = read_backend(backend_arg.ptr());
+    if (codes == nullptr || scales == nullptr || !read_out_type(dtype_arg.ptr(), out_type) ||
+        !read_count(group_size_arg.ptr(), size_key) || !read_count(block_numel_arg.ptr(), block_key) || backend < 0)
+        return false;
+    const DequantizeKey key{
+        codes->numel(), scales->numel(), static_cast<int64_t>(out_type), size_key, block_key, backend};
+    remember(dequantize_signatures, key, {group_size, block_numel}, limit);
+    return true;
+}
+
+void forget_signatures()
+{
+    quantize_signatures.clear();
+    dequantize_signatures.clear();
+}
+
+// fast_quantize(x, groups, backend) -> (codes, scales), or None: see above.
+PyObject* fast_quantize(PyObject*, PyObject* const* args, Py_ssize_t nargs)
+{
+    HANDLE_TH_ERRORS
+    if (nargs != 3) Py_RETURN_NONE;
+    const at::Tensor* x = read_cuda_tensor(args[0], true);
+    int64_t groups_key = 0;
+    const int backend = read_backend(args[2]);
+    if (x == nullptr || !read_count(args[1], groups_key) || backend < 0) Py_RETURN_NONE;
+    const at::ScalarType type = x->scalar_type();
+    if (type != at::kHalf && type != at::kBFloat16 && type != at::kFloat) Py_RETURN_NONE;
+    const auto found = quantize_signatures.find(QuantizeKey{x->numel(), groups_key, backend});
+    if (found == quantize_signatures.end()) Py_RETURN_NONE;
+    auto [codes, scales] = run_quantize(*x, format_of(type, "input"), found->second.first, found->second.second);
+    PyObject* result = PyTuple_New(2);
+    if (result == nullptr) return nullptr;
+    PyTuple_SET_ITEM(result, 0, THPVariable_Wrap(std::move(codes)));
+    PyTuple_SET_ITEM(result, 1, THPVariable_Wrap(std::move(scales)));
+    return result;
+    END_HANDLE_TH_ERRORS
+}
+
+// fast_dequantize(codes, scales, dtype, group_size, block_numel, backend) -> values, or None: see above.
+PyObject* fast_dequantize(PyObject*, PyObject* const* args, Py_ssize_t nargs)
+{
+    HANDLE_TH_ERRORS
+    if (nargs != 6) Py_RETURN_NONE;
+    const at::Tensor* codes = read_cuda_tensor(args[0], true);
+    const at::Tensor* scales = read_cuda_tensor(args[1], true);
+    at::ScalarType out_type;
+    int64_t size_key = 0, block_key = 0;
+    const int backend = read_backend(args[5]);
+    if (codes == nullptr || scales == nullptr || !read_out_type(args[2], out_type) ||
+        !read_count(args[3], size_key) || !read_count(args[4], block_key) || backend < 0)
+        Py_RETURN_NONE;
+    const bool wire = codes->scalar_type() == at::kChar && scales->scalar_type() == at::kFloat &&
+                      scales->device() == codes->device() &&
+                      (scales->dim() == 1 || (scales->dim() == 2 && scales->size(1) == 1));
+    if (!wire) Py_RETURN_NONE;
+    const DequantizeKey key{
+        codes->numel(), scales->numel(), static_cast<int64_t>(out_type), size_key, block_key, backend};
+    const auto found = dequantize_signatures.find(key);
+    if (found == dequantize_signatures.end()) Py_RETURN_NONE;
+    return THPVariable_Wrap(run_dequantize(*codes, *scales, found->second.first, found->second.second, out_type));
+    END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef fast_quantize_def{
+    "fast_quantize", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_quantize)), METH_FASTCALL,
+    "ops.quantize's arguments (x, groups, backend) -> (codes, scales) for a remembered signature, else None"};
+PyMethodDef fast_dequantize_def{
+    "fast_dequantize", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_dequantize)), METH_FASTCALL,
+    "ops.dequantize's arguments (codes, scales, dtype, group_size, block_numel, backend) -> values for a "
+    "remembered signature, else None"};
 
 using dszpp::int4::block_bytes;
 using dszpp::int4::kGroup;
@@ -298,4 +496,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
           &qgz_reduce_encode_feedback,
           "LoCo: blocks, error, beta, 1 - beta, rows, padded_chunk -> re-encoded blocks; error updated");
     m.def("qgz_decode_sum", &qgz_decode_sum, "qgZ: blocks, padded_chunk, factor, out: out = sum * factor");
+    m.def("remember_quantize",
+          &remember_quantize,
+          "ops.quantize's x, groups, backend after its checks passed; groups, group_size, table limit -> admitted");
+    m.def("remember_dequantize",
+          &remember_dequantize,
+          "ops.dequantize's codes, scales, dtype, group_size, block_numel, backend after its checks passed; the "
+          "extension's group_size, block_numel; table limit -> admitted");
+    m.def("forget_signatures", &forget_signatures, "empty both signature tables");
+    m.attr("fast_quantize") = py::reinterpret_steal<py::object>(PyCFunction_New(&fast_quantize_def, nullptr));
+    m.attr("fast_dequantize") = py::reinterpret_steal<py::object>(PyCFunction_New(&fast_dequantize_def, nullptr));
 }

@@ -9,8 +9,9 @@ Three parts, each printed as ratios with their spread:
   figures taken side by side; the spread is the min-max over trials. Inputs rotate over enough buffers to exceed
   the L2 cache several times.
 - Host overhead: wall time per call of ``ops.quantize`` / ``ops.dequantize`` (the path the patched DeepSpeed
-  calls, checks included) against DeepSpeed's op called directly and our extension's entry points called directly,
-  back to back at 1M fp16 elements, interleaved per trial.
+  calls, checks included) against DeepSpeed's op called directly and our extension's entry points called directly
+  (the native one that ops calls first, and the pybind one behind its Python table), back to back at 1M fp16
+  elements, interleaved per trial.
 - JIT build: cold build and warm load times of the extension in fresh processes.
 
     python -m deepspeed_zeropp bench --out benchmarks/results      (or: python benchmarks/bench_kernels.py)
@@ -194,7 +195,8 @@ def bench_bandwidth(dtype, numel, layout, ours, ds_op, reps, trials):
 
 def bench_host(ds_op, calls=2000, trials=9):
     """Host microseconds per call, back to back (one synchronize after ``calls`` calls), at 1M fp16 elements. The
-    extension's bound entry points (what ops calls once its checks have passed) show what the Python layer adds."""
+    extension's entry points called directly (native: what ops calls first; pybind: what its Python table binds)
+    show what each layer adds."""
     from . import ops
     from .backends import cuda
     x = torch.randn(HOST_NUMEL, device="cuda", dtype=torch.float16)
@@ -203,9 +205,13 @@ def bench_host(ds_op, calls=2000, trials=9):
     scales = scales.view(-1, 1)  # as DeepSpeed hands them to dequantize
     ext_quantize, quantize_args = cuda.bind_quantize(groups, group_size)
     ext_dequantize, dequantize_args = cuda.bind_dequantize(group_size, torch.float16)
+    ops.dequantize(codes, scales, torch.float16)  # both signatures are now in the native tables
+    native_quantize, native_dequantize = cuda.native_entry_points()
     functions = {
         "ops_quantize": lambda: ops.quantize(x),
         "ops_dequantize": lambda: ops.dequantize(codes, scales, torch.float16),
+        "native_quantize": lambda: native_quantize(x, None, "auto"),
+        "native_dequantize": lambda: native_dequantize(codes, scales, torch.float16, None, None, "auto"),
         "ext_quantize": lambda: ext_quantize(x, *quantize_args),
         "ext_dequantize": lambda: ext_dequantize(codes, scales, *dequantize_args),
     }
@@ -291,8 +297,10 @@ def write_markdown(path, info, rows, host, build):
                      f"{_fmt_ratio(host.get(f'{op}_vs_ds'))} |")
         if theirs:
             lines.append(f"| DeepSpeed op {op} | {theirs['us']:.2f} ({theirs['low']:.2f}-{theirs['high']:.2f}) | |")
-        ext = host[f"ext_{op}"]
-        lines.append(f"| extension {op} alone (no checks) | {ext['us']:.2f} ({ext['low']:.2f}-{ext['high']:.2f}) | |")
+        for name, what in (("native", "native entry point, remembered signature"), ("ext", "pybind entry point")):
+            if f"{name}_{op}" in host:
+                t = host[f"{name}_{op}"]
+                lines.append(f"| extension {op}: {what} | {t['us']:.2f} ({t['low']:.2f}-{t['high']:.2f}) | |")
     checks = _meets(rows, host)
     missed = [text for text, met in checks if not met]
     lines += ["", f"## Targets: {len(checks) - len(missed)} of {len(checks)} met", ""]

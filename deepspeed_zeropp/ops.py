@@ -10,6 +10,10 @@ which raises on bad input and otherwise remembers the backend entry point and la
 everything those checks read (tensor types, dtypes, devices, sizes, the arguments and their types). A later call
 with an equal key passed the same checks, so it only tests contiguity, which the key leaves out, and calls the
 remembered entry point. Arguments that cannot form a key take the checked path every time.
+
+A backend may keep such a table natively as well (``remember_<op>`` and ``native_entry_points``: the CUDA
+extension, see csrc/binding.cpp). Its entry point then comes first on every call, takes this module's own
+arguments, and answers None for anything it has not been told about, which continues here.
 """
 import torch
 
@@ -22,12 +26,32 @@ _quantize_calls = {}  # key -> (entry point, its arguments after the tensor)
 _dequantize_calls = {}  # key -> (entry point, its arguments after codes and scales)
 
 
+def _not_native(*arguments):
+    return None
+
+
+_native_quantize = _not_native  # a backend's native entry point (see above), once one has been told a signature
+_native_dequantize = _not_native
+_native_backends = []  # backends told signatures, for forget_signatures
+
+
+def forget_signatures():
+    """Forget every remembered call signature, here and in the backends' native tables."""
+    _quantize_calls.clear()
+    _dequantize_calls.clear()
+    for impl in _native_backends:
+        impl.forget_signatures()
+
+
 def quantize(x, groups=None, backend="auto"):
     """Quantize ``x`` (fp16, bf16 or fp32, any shape and layout) to int8 codes of x's shape and 1-D fp32 scales.
 
     The groups are ``group_layout(x.numel())`` when ``groups`` is None or that layout's own count; any other
     ``groups`` must divide ``x.numel()`` and gives equal groups (DeepSpeed's op's meaning of the argument).
     """
+    result = _native_quantize(x, groups, backend)
+    if result is not None:
+        return result
     key = call = None
     try:
         key = (type(x), x.dtype, x.device, x.numel(), groups, type(groups), backend)
@@ -45,8 +69,13 @@ def _checked_quantize(x, groups, backend, key):
         _check_tensor(x, "quantize input")
         check_float_dtype(x.dtype, "quantize input")
     layout = group_layout(x.numel()) if groups is None else _explicit_layout(x.numel(), groups)
-    call = _entry_point(resolve_backend(backend, x.device), "quantize", layout)
-    return _remember(_quantize_calls, key, call, x if x.is_contiguous() else x.contiguous())
+    impl = resolve_backend(backend, x.device)
+    call = _entry_point(impl, "quantize", layout)
+    result = _remember(_quantize_calls, key, call, x if x.is_contiguous() else x.contiguous())
+    if key is not None and hasattr(impl, "remember_quantize"):
+        impl.remember_quantize(x, groups, backend, layout.groups, layout.group_size, CALLS_LIMIT)
+        _use_native(impl)
+    return result
 
 
 def _explicit_layout(numel, groups):
@@ -115,6 +144,9 @@ def dequantize(codes, scales, dtype=None, group_size=None, block_numel=None, bac
     - ``group_size=E``: contiguous groups of E elements; the codes may be a prefix of S * E.
     - neither: one quantized buffer, in ``group_layout(codes.numel())`` if that has S groups, else S equal groups.
     """
+    result = _native_dequantize(codes, scales, dtype, group_size, block_numel, backend)
+    if result is not None:
+        return result
     key = call = None
     try:
         key = (type(codes), type(scales), codes.dtype, scales.dtype, codes.device, scales.device, codes.numel(),
@@ -131,14 +163,28 @@ def dequantize(codes, scales, dtype=None, group_size=None, block_numel=None, bac
 
 def _checked_dequantize(codes, scales, dtype, group_size, block_numel, backend, key):
     _check_dequantize_inputs(codes, scales, dtype)
-    dtype = DEFAULT_DEQUANT_DTYPE if dtype is None else dtype
+    out_dtype = DEFAULT_DEQUANT_DTYPE if dtype is None else dtype
     numel = codes.numel()
-    group_size, block_numel = _dequantize_layout(numel, scales.numel(), group_size, block_numel)
+    size, block = _dequantize_layout(numel, scales.numel(), group_size, block_numel)
     if numel == 0:  # no backend call, nothing to remember
-        return torch.empty(codes.shape, dtype=dtype, device=codes.device)
-    call = _entry_point(resolve_backend(backend, codes.device), "dequantize", (group_size, dtype, block_numel))
-    return _remember(_dequantize_calls, key, call, codes if codes.is_contiguous() else codes.contiguous(),
-                     scales if scales.is_contiguous() else scales.contiguous())
+        return torch.empty(codes.shape, dtype=out_dtype, device=codes.device)
+    impl = resolve_backend(backend, codes.device)
+    call = _entry_point(impl, "dequantize", (size, out_dtype, block))
+    result = _remember(_dequantize_calls, key, call, codes if codes.is_contiguous() else codes.contiguous(),
+                       scales if scales.is_contiguous() else scales.contiguous())
+    if key is not None and hasattr(impl, "remember_dequantize"):
+        impl.remember_dequantize(codes, scales, dtype, group_size, block_numel, backend, size, block, CALLS_LIMIT)
+        _use_native(impl)
+    return result
+
+
+def _use_native(impl):
+    """Put ``impl``'s native entry points first on the hot path (one backend's at a time: only the CUDA extension
+    has them, and it serves CUDA tensors only)."""
+    global _native_quantize, _native_dequantize
+    _native_quantize, _native_dequantize = impl.native_entry_points()
+    if impl not in _native_backends:
+        _native_backends.append(impl)
 
 
 def _dequantize_layout(numel, num_groups, group_size, block_numel):

@@ -157,8 +157,40 @@ def dequantize(codes, scales, group_size, dtype, block_numel=None):
 def bind_dequantize(group_size, dtype, block_numel=None):
     """The extension's entry point and its arguments after codes and scales, for ``dequantize(codes, scales,
     group_size, dtype, block_numel)``; see :func:`bind_quantize`."""
-    return (_module or _extension()).dequantize, (group_size, group_size if block_numel is None else block_numel,
-                                                  _FORMAT_IDS[dtype])
+    return (_module or _extension()).dequantize, _layout_arguments(group_size, block_numel) + (_FORMAT_IDS[dtype], )
+
+
+def _layout_arguments(group_size, block_numel):
+    """The extension's (group_size, block_numel): a block of one group size stands for equal groups."""
+    return group_size, group_size if block_numel is None else block_numel
+
+
+# The native signature tables (csrc/binding.cpp): ops tells the extension each signature its checks passed and this
+# backend served, and calls the extension's own entry points first from then on. The extension keeps a signature
+# only in the form it can read without Python, and answers None to anything else.
+
+
+def remember_quantize(x, groups, backend, resolved_groups, group_size, limit):
+    """ops.quantize's arguments ``x, groups, backend`` passed its checks and quantize in ``resolved_groups`` groups of
+    ``group_size`` served them; ``limit`` caps the table (a full one is emptied)."""
+    _extension().remember_quantize(x, groups, backend, resolved_groups, group_size, limit)
+
+
+def remember_dequantize(codes, scales, dtype, group_size, block_numel, backend, resolved_size, resolved_block, limit):
+    """ops.dequantize's arguments passed its checks and ``dequantize(codes, scales, resolved_size, ...,
+    resolved_block)`` served them; see :func:`remember_quantize`."""
+    _extension().remember_dequantize(codes, scales, dtype, group_size, block_numel, backend,
+                                     *_layout_arguments(resolved_size, resolved_block), limit)
+
+
+def native_entry_points():
+    """(quantize, dequantize) taking ops.quantize's and ops.dequantize's own positional arguments: the result for a
+    remembered signature, else None."""
+    return _extension().fast_quantize, _extension().fast_dequantize
+
+
+def forget_signatures():
+    _extension().forget_signatures()
 
 
 def _check_qgz(condition, message):

@@ -1,5 +1,6 @@
 """ops remembers each checked call signature (ops.py): a remembered signature never serves input the checks would
-refuse, nor a different answer from the checked path."""
+refuse, nor a different answer from the checked path. Where a CUDA device is present the tests run on it too, where
+the CUDA extension's native table (csrc/binding.cpp) answers first."""
 import numpy as np
 import pytest
 import torch
@@ -9,15 +10,21 @@ from deepspeed_zeropp.backends import torch_ref
 
 NUMEL, GROUPS = 64, 4  # 4 equal groups of 16, as an explicit count and as block_numel=16
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
 
 @pytest.fixture(autouse=True)
 def fresh_tables():
-    ops._quantize_calls.clear()
-    ops._dequantize_calls.clear()
+    ops.forget_signatures()
 
 
-def _quantized():
-    return ops.quantize(torch.randn(NUMEL, dtype=torch.bfloat16), GROUPS)
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
+
+def _quantized(device):
+    return ops.quantize(torch.randn(NUMEL, dtype=torch.bfloat16, device=device), GROUPS)
 
 
 def _column(scales):
@@ -25,8 +32,8 @@ def _column(scales):
     return torch.stack([scales, torch.zeros_like(scales)], dim=1)[:, :1]
 
 
-def test_a_remembered_call_is_taken_and_matches_the_checked_one(monkeypatch):
-    x = torch.randn(NUMEL, dtype=torch.bfloat16)
+def test_a_remembered_call_is_taken_and_matches_the_checked_one(monkeypatch, device):
+    x = torch.randn(NUMEL, dtype=torch.bfloat16, device=device)
     codes, scales = ops.quantize(x, GROUPS)
     dense = ops.dequantize(codes, scales.view(-1, 1), torch.float32, block_numel=16)
     monkeypatch.setattr(ops, "_checked_quantize", lambda *args: pytest.fail("quantize took the checked path"))
@@ -69,8 +76,8 @@ QUANTIZE_REFUSALS = [
 
 
 @pytest.mark.parametrize("bad, error, message", QUANTIZE_REFUSALS)
-def test_quantize_refusals_after_a_good_call(bad, error, message):
-    x = torch.randn(NUMEL, dtype=torch.bfloat16)
+def test_quantize_refusals_after_a_good_call(bad, error, message, device):
+    x = torch.randn(NUMEL, dtype=torch.bfloat16, device=device)
     ops.quantize(x, GROUPS)
     ops.quantize(x, GROUPS)
     with pytest.raises(error, match=message) as raised:
@@ -78,8 +85,8 @@ def test_quantize_refusals_after_a_good_call(bad, error, message):
     assert raised.value.__context__ is None
 
 
-def test_quantize_groups_true_after_groups_one():
-    x = torch.randn(8)
+def test_quantize_groups_true_after_groups_one(device):
+    x = torch.randn(8, device=device)
     ops.quantize(x, 1)
     with pytest.raises(ValueError, match="positive int dividing numel=8, got True"):
         ops.quantize(x, True)
@@ -105,8 +112,8 @@ DEQUANTIZE_REFUSALS = [
 
 
 @pytest.mark.parametrize("bad, error, message", DEQUANTIZE_REFUSALS)
-def test_dequantize_refusals_after_a_good_call(bad, error, message):
-    codes, scales = _quantized()
+def test_dequantize_refusals_after_a_good_call(bad, error, message, device):
+    codes, scales = _quantized(device)
     ops.dequantize(codes, scales)
     ops.dequantize(codes, scales)
     args, kwargs = bad(codes, scales)
@@ -115,12 +122,12 @@ def test_dequantize_refusals_after_a_good_call(bad, error, message):
     assert raised.value.__context__ is None  # the checks' own error, no failed lookup chained to it
 
 
-def test_a_prefix_of_the_codes_gets_its_own_layout():
+def test_a_prefix_of_the_codes_gets_its_own_layout(device):
     """60 codes with 4 scales are 4 groups of 15, not the 16 a remembered 64-code call uses."""
-    codes, scales = _quantized()
+    codes, scales = _quantized(device)
     ops.dequantize(codes, scales)
     remembered = ops.dequantize(codes[:60], scales)
-    ops._dequantize_calls.clear()
+    ops.forget_signatures()
     assert torch.equal(remembered, ops.dequantize(codes[:60], scales))
     assert torch.equal(remembered, codes[:60].float().view(4, 15).mul(scales.view(4, 1)).half().view(-1))
 
@@ -131,15 +138,15 @@ def test_a_prefix_of_the_codes_gets_its_own_layout():
     ("block_numel", 16, 16.0, "block_numel must be a positive int, got 16.0"),
     ("block_numel", 16, np.int64(16), "block_numel must be a positive int, got .*16"),
 ])
-def test_layout_arguments_of_an_equal_value_but_another_type(argument, good, bad, message):
-    codes, scales = _quantized()
+def test_layout_arguments_of_an_equal_value_but_another_type(argument, good, bad, message, device):
+    codes, scales = _quantized(device)
     ops.dequantize(codes, scales, **{argument: good})
     with pytest.raises(ValueError, match=message):
         ops.dequantize(codes, scales, **{argument: bad})
 
 
-def test_group_size_true_after_group_size_one():
-    codes, scales = ops.quantize(torch.randn(8), 8)
+def test_group_size_true_after_group_size_one(device):
+    codes, scales = ops.quantize(torch.randn(8, device=device), 8)
     ops.dequantize(codes, scales, group_size=1)
     with pytest.raises(ValueError, match="group_size must be a positive int, got True"):
         ops.dequantize(codes, scales, group_size=True)
@@ -147,17 +154,98 @@ def test_group_size_true_after_group_size_one():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second real device")
 def test_scales_on_another_device_after_a_good_call():
-    codes, scales = _quantized()
+    codes, scales = _quantized("cpu")
     ops.dequantize(codes, scales)
     with pytest.raises(ValueError, match="scales are on cuda.*codes on cpu.*same device"):
         ops.dequantize(codes, scales.cuda())
+    codes, scales = _quantized("cuda")
+    ops.dequantize(codes, scales)
+    with pytest.raises(ValueError, match="scales are on cpu.*codes on cuda.*same device"):
+        ops.dequantize(codes, scales.cpu())
 
 
-def test_the_tables_stay_bounded(monkeypatch):
+def test_the_tables_stay_bounded(monkeypatch, device):
     monkeypatch.setattr(ops, "CALLS_LIMIT", 3)
     for numel in range(16, 16 + 8 * 10, 8):
-        x = torch.randn(numel)
+        x = torch.randn(numel, device=device)
         codes, scales = ops.quantize(x)
         assert torch.equal(ops.dequantize(codes, scales, torch.float32),
                            ops.dequantize(codes, scales, torch.float32, backend="torch"))
         assert len(ops._quantize_calls) <= 3 and len(ops._dequantize_calls) <= 3
+
+
+class NativeStandIn:
+    """A backend with a native table, as ops sees the CUDA extension: pure torch underneath, and a log of what ops
+    tells it and asks it."""
+    NAME = "stand-in"
+
+    def __init__(self, answer):
+        self.answer, self.log = answer, []
+
+    def quantize(self, x, groups, group_size=None):
+        return torch_ref.quantize(x, groups, group_size)
+
+    def dequantize(self, codes, scales, group_size, dtype, block_numel=None):
+        return torch_ref.dequantize(codes, scales, group_size, dtype, block_numel)
+
+    def remember_quantize(self, *args):
+        self.log.append(("remember_quantize", args))
+
+    def remember_dequantize(self, *args):
+        self.log.append(("remember_dequantize", args))
+
+    def forget_signatures(self):
+        self.log.append(("forget", ))
+
+    def native_entry_points(self):
+        return (lambda *args: self._asked("quantize", args)), (lambda *args: self._asked("dequantize", args))
+
+    def _asked(self, op, args):
+        self.log.append((op, args))
+        return self.answer
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """Installs a NativeStandIn (answering None) as every backend; ops' native hooks are restored afterwards."""
+    backend = NativeStandIn(None)
+    monkeypatch.setattr(ops, "resolve_backend", lambda name, device: backend)
+    for name in ("_native_quantize", "_native_dequantize", "_native_backends"):
+        monkeypatch.setattr(ops, name, getattr(ops, name) if name != "_native_backends" else [])
+    return backend
+
+
+def test_a_backend_is_told_each_checked_signature_once(stand_in):
+    x = torch.randn(NUMEL, dtype=torch.bfloat16)
+    codes, scales = ops.quantize(x, GROUPS)
+    ops.quantize(x, GROUPS)
+    ops.dequantize(codes, scales.view(-1, 1), None, None, 16)
+    ops.dequantize(codes, scales.view(-1, 1), None, None, 16)
+    told = [entry for entry in stand_in.log if entry[0].startswith("remember")]
+    assert [entry[0] for entry in told] == ["remember_quantize", "remember_dequantize"]
+    assert told[0][1][1:] == (GROUPS, "auto", GROUPS, 16, ops.CALLS_LIMIT)  # ops' arguments, then the layout
+    assert told[1][1][2:] == (None, None, 16, "auto", 16, None, ops.CALLS_LIMIT)  # one block: equal groups of 16
+    asked = [entry[0] for entry in stand_in.log if not entry[0].startswith(("remember", "forget"))]
+    # First on every call once told a signature (answering None here, so ops goes on)
+    assert asked == ["quantize", "dequantize", "dequantize"]
+    ops.forget_signatures()
+    assert stand_in.log[-1] == ("forget", )
+
+
+def test_a_native_answer_is_returned_as_is(stand_in):
+    x = torch.randn(NUMEL)
+    ops.quantize(x, GROUPS)  # tells the stand-in, which becomes the native entry point
+    stand_in.answer = "native"
+    assert ops.quantize(x, GROUPS) == "native"
+    assert ops.dequantize(x, "anything", torch.float64, 3, 4, "torch") == "native"
+    assert stand_in.log[-1] == ("dequantize", (x, "anything", torch.float64, 3, 4, "torch"))
+
+
+def test_refused_and_keyless_calls_tell_the_backend_nothing(stand_in):
+    x = torch.randn(NUMEL)
+    with pytest.raises(ValueError):
+        ops.quantize(x, 5)
+    ops.dequantize(*ops.quantize(x, GROUPS), group_size=[16][0])
+    stand_in.log.clear()
+    ops.quantize(x, GROUPS, backend=["auto"][0])  # a known signature: not told again
+    assert not [entry for entry in stand_in.log if entry[0].startswith("remember")]
