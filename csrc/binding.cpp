@@ -4,7 +4,9 @@
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAStream.h>
 #include <ATen/ops/empty.h>
-#include <ATen/cuda/EmptyTensor.h>
+#include <ATen/EmptyTensor.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/utils/pybind.h>
@@ -15,6 +17,7 @@
 #include <array>
 #include <climits>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <tuple>
 #include <unordered_map>
@@ -57,13 +60,30 @@ void check_contiguous_cuda(const at::Tensor& t, const char* what)
     require(t.is_contiguous(), what, " must be contiguous");
 }
 
-// The int8 outputs come straight from the CUDA caching allocator (at::detail::empty_cuda) instead of through the
-// operator dispatcher (at::empty): the same tensor for a fraction of a microsecond less, on a path ZeRO-3 takes for
-// every gathered parameter or bucket.
-at::Tensor empty_on(const at::Tensor& like, at::IntArrayRef sizes, at::ScalarType type)
+// The int8 outputs come straight from the CUDA caching allocator instead of through the operator dispatcher
+// (at::empty) or at::detail::empty_cuda (which sets and restores the device around it): the same tensor for a
+// fraction of a microsecond less, on a path ZeRO-3 takes for every gathered parameter or bucket. The allocator serves
+// the current device, which OnDevice has made the input's.
+at::Tensor empty_on(at::IntArrayRef sizes, at::ScalarType type)
 {
-    return at::Tensor(at::detail::empty_cuda(sizes, type, like.device(), std::nullopt));
+    return at::Tensor(at::detail::empty_generic(
+        sizes, c10::cuda::CUDACachingAllocator::get(), c10::DispatchKeySet(c10::DispatchKey::CUDA), type, std::nullopt));
 }
+
+// Makes the tensor's device current for the allocation and the launch. ZeRO-3 calls with tensors on the current
+// device, so the guard (which restores the previous device afterwards) is only built when they differ.
+class OnDevice {
+public:
+    explicit OnDevice(const at::Tensor& tensor) : index_(tensor.device().index())
+    {
+        if (c10::cuda::current_device() != index_) guard_.emplace(tensor.device());
+    }
+    cudaStream_t stream() const { return c10::cuda::getCurrentCUDAStream(index_); }
+
+private:
+    c10::DeviceIndex index_;
+    std::optional<c10::cuda::CUDAGuard> guard_;
+};
 
 at::ScalarType scalar_type_of(int64_t format_id)
 {
@@ -82,9 +102,9 @@ std::tuple<at::Tensor, at::Tensor> run_quantize(const at::Tensor& input,
                                                 int64_t groups,
                                                 int64_t group_size)
 {
-    const c10::cuda::CUDAGuard device_guard(input.device());
-    at::Tensor codes = empty_on(input, input.sizes(), at::kChar);
-    at::Tensor scales = empty_on(input, {groups}, at::kFloat);
+    const OnDevice device(input);
+    at::Tensor codes = empty_on(input.sizes(), at::kChar);
+    at::Tensor scales = empty_on({groups}, at::kFloat);
     dszpp::launch_quantize(format,
                            input.data_ptr(),
                            codes.data_ptr<int8_t>(),
@@ -92,7 +112,7 @@ std::tuple<at::Tensor, at::Tensor> run_quantize(const at::Tensor& input,
                            groups,
                            group_size,
                            input.numel(),
-                           c10::cuda::getCurrentCUDAStream());
+                           device.stream());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return {codes, scales};
 }
@@ -103,8 +123,8 @@ at::Tensor run_dequantize(const at::Tensor& codes,
                           int64_t block_numel,
                           at::ScalarType out_type)
 {
-    const c10::cuda::CUDAGuard device_guard(codes.device());
-    at::Tensor out = empty_on(codes, codes.sizes(), out_type);
+    const OnDevice device(codes);
+    at::Tensor out = empty_on(codes.sizes(), out_type);
     dszpp::launch_dequantize(format_of(out_type, "out"),
                              codes.data_ptr<int8_t>(),
                              scales.data_ptr<float>(),
@@ -112,7 +132,7 @@ at::Tensor run_dequantize(const at::Tensor& codes,
                              codes.numel(),
                              group_size,
                              block_numel,
-                             c10::cuda::getCurrentCUDAStream());
+                             device.stream());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return out;
 }

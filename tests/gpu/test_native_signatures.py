@@ -158,3 +158,20 @@ def test_errors_still_come_from_the_checks():
         ops.dequantize(codes, scales, torch.float64)
     with pytest.raises(ValueError, match=r"shape \[G\] or \[G, 1\]"):
         ops.dequantize(codes, scales.view(1, -1), torch.float32)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_tensors_on_a_device_that_is_not_current():
+    """The extension makes the tensors' device current only for the call (it skips the guard when it already is)."""
+    x = torch.randn(NUMEL, device="cuda:1", dtype=torch.bfloat16)
+    expected_codes, expected_scales = ops.quantize(x.cpu())
+    expected = ops.dequantize(expected_codes, expected_scales, torch.float32)
+    with torch.cuda.device(0):
+        for _ in range(2):  # the checked path, then the native one
+            codes, scales = ops.quantize(x)
+            values = ops.dequantize(codes, scales, torch.float32)
+            assert torch.cuda.current_device() == 0
+            assert codes.device == scales.device == values.device == x.device
+            assert_bitwise(codes, expected_codes)
+            assert_bitwise(scales, expected_scales)
+            assert_bitwise(values, expected)
