@@ -6,7 +6,9 @@ only its own GPU, so DeepSpeed treats the ranks as two nodes and qgZ runs. "upst
 unpatched (its compiled quantizer); "ours" the same DeepSpeed patched. Every repetition is one job that trains the
 configurations one after the other (A B C D E, A B C D E, ...), each from the same seed on the same batches; the first
 ``--warmup`` steps of a run are not timed. Per configuration: the median step time of each repetition, their median,
-and their spread (min-max); ratios count as beyond noise only when the spreads do not overlap.
+and their spread (min-max). A ratio between two configurations is taken within each repetition (one job, side by
+side): the median of those ratios, with their min-max as the spread; beyond noise when that spread lies wholly on
+one side of 1.
 
 Links: ``fast`` (NCCL's default transports: NVLink) and ``slow`` (NCCL over sockets: no P2P, no shared memory, no
 InfiniBand), the bandwidth where weight and gradient quantization are meant to pay off.
@@ -187,9 +189,15 @@ def summarize(args, reps):
     for key in args.configs:
         runs = [rep["runs"].get(key) for rep in reps]
         ok = [run for run in runs if run and "step_ms" in run]
-        medians = [median_ms(run, args.warmup) for run in ok]
+        by_rep = [median_ms(run, args.warmup) if run in ok else None for run in runs]
+        medians = [m for m in by_rep if m is not None]
         counts = ok[0]["counts"] if ok else {}
-        entry = dict(label=CONFIGS[key][0], rep_medians_ms=medians, median_ms=None, min_ms=None, max_ms=None)
+        entry = dict(label=CONFIGS[key][0],
+                     rep_medians_ms=medians,
+                     by_rep_ms=by_rep,
+                     median_ms=None,
+                     min_ms=None,
+                     max_ms=None)
         if medians:
             entry.update(median_ms=statistics.median(medians), min_ms=min(medians), max_ms=max(medians))
         entry["errors"] = [run.get("error", "no result") if run else "not run" for run in runs if run not in ok]
@@ -212,13 +220,23 @@ def summarize(args, reps):
 
 
 def compare(summary, key, reference):
-    """Speed-up of ``key`` over ``reference`` (reference time / key time): from the medians, and the lowest and
-    highest the repetitions allow; beyond noise when the two spreads do not overlap."""
+    """Speed-up of ``key`` over ``reference`` (reference time / key time), repetition by repetition: the two ran in
+    the same job, side by side, so each repetition gives one ratio. The median of those ratios, their min-max as
+    the spread; beyond noise when the whole spread lies on one side of 1."""
     a, b = summary.get(key), summary.get(reference)
-    if not a or not b or a["median_ms"] is None or b["median_ms"] is None:
+    if not a or not b:
         return None
-    low, high = b["min_ms"] / a["max_ms"], b["max_ms"] / a["min_ms"]
-    return {"ratio": b["median_ms"] / a["median_ms"], "low": low, "high": high, "beyond_noise": low > 1 or high < 1}
+    paired = [y / x for x, y in zip(a["by_rep_ms"], b["by_rep_ms"]) if x is not None and y is not None]
+    if not paired:
+        return None
+    low, high = min(paired), max(paired)
+    return {
+        "ratio": statistics.median(paired),
+        "low": low,
+        "high": high,
+        "repetitions": len(paired),
+        "beyond_noise": low > 1 or high < 1
+    }
 
 
 def ratios(summary):
@@ -346,8 +364,9 @@ def markdown(args, result):
                      f"{s['weight_gathers_quantized']} / {s['gradient_reductions_quantized']} | "
                      f"{fmt_ms(s['peak_memory_gb'])} |")
     lines += [
-        "", "Ratios are speed-ups (reference time / this time) from the medians, with the lowest and highest the "
-        "repetitions allow in brackets; \"within noise\" where the spreads overlap.", ""
+        "", "Ratios are speed-ups (reference time / this time), taken within each repetition (the two configurations "
+        "in one job): their median, with their min-max over the repetitions in brackets; \"within noise\" where "
+        "that range includes 1.", ""
     ]
     lines += prose(args, summary, ratio)
     lines += ["", "## Targets", ""]
@@ -415,7 +434,7 @@ def parameters(args):
     return args.vocab * w + args.seq * w + args.layers * (12 * w * w + 13 * w) + 2 * w
 
 
-def write(args, reps, env, commit, save_json=True):
+def write(args, reps, env, commit):
     summary = summarize(args, reps)
     ratio = ratios(summary)
     deepspeed = next((rep["deepspeed"] for rep in reps if "deepspeed" in rep), None)
@@ -446,8 +465,7 @@ def write(args, reps, env, commit, save_json=True):
         reps,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    if save_json:  # not when rendering: the measured file stays as it was written
-        (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
     (args.out / f"{args.name}.md").write_text(markdown(args, result))
     plotted = plot(args, result, args.out / f"{args.name}.png")
     return result, plotted
@@ -548,13 +566,14 @@ def profile(args, left, commit):
 
 
 def render(args):
-    """NAME.md and .png again from NAME.json, e.g. on a machine with matplotlib."""
+    """NAME.md and .png again from NAME.json, e.g. on a machine with matplotlib. The JSON is written back with its
+    measurements ("reps", the environment, the commit) unchanged and what is derived from them recomputed."""
     saved = json.loads(args.render.read_text())
     for key, value in saved["settings"].items():
         if key not in ("out", "name", "render"):
             setattr(args, key, value)
     args.out, args.name = args.render.parent, args.render.stem
-    _, plotted = write(args, saved["reps"], saved["environment"], saved["commit"], save_json=False)
+    _, plotted = write(args, saved["reps"], saved["environment"], saved["commit"])
     log(f"wrote {args.out / args.name}.md{' and .png' if plotted else ' (no matplotlib: no .png)'}")
 
 

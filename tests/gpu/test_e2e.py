@@ -44,6 +44,7 @@ def test_bert_bf16_qwz_and_mixz(device):
 
 
 CASES = [["bf16", [64, 96]], ["fp32", [64, 96]], ["fp16", [64, 96]]]
+QGZ_CHECK = "benchmarks._qgz_instruments"  # the harness instrument that runs a qgZ reduction and measures it
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs for NCCL")
@@ -51,12 +52,26 @@ def test_qgz_on_two_gpus_as_two_nodes():
     """Each rank sees only its own GPU, so DeepSpeed counts 2 nodes and runs qgZ. Patched: every dtype within the
     4-bit bound. Unpatched (DeepSpeed's kernels): bf16 and fp32 gradients are read as fp16 bits; fp16 is fine."""
     runs = [{"name": "patched", "qgz_check": True, "cases": CASES}]
-    patched = run_job({"model": "bert", "dtype": "bf16", "patch": True, "runs": runs}, device="cuda-isolated")
+    patched = run_job({
+        "model": "bert",
+        "dtype": "bf16",
+        "patch": True,
+        "runs": runs,
+        "instruments": QGZ_CHECK
+    },
+                      device="cuda-isolated")
     for case in patched["runs"]["patched"]["cases"]:
         assert case["finite"] and case["max_error_of_largest"] <= 0.25 and case["rms_error_of_rms"] <= 0.2, case
     # fp16 first, as the control; a crash on bf16 (instead of silent corruption) also ends the job there.
     runs = [{"name": dtype, "qgz_check": True, "cases": [[dtype, shape]]} for dtype, shape in CASES[::-1]]
-    upstream = run_job({"model": "bert", "dtype": "bf16", "patch": False, "runs": runs}, device="cuda-isolated")
+    upstream = run_job({
+        "model": "bert",
+        "dtype": "bf16",
+        "patch": False,
+        "runs": runs,
+        "instruments": QGZ_CHECK
+    },
+                       device="cuda-isolated")
     (fp16, ) = upstream["runs"]["fp16"]["cases"]
     assert fp16["finite"] and fp16["rms_error_of_rms"] <= 0.2, fp16
     for dtype in ("bf16", "fp32"):
