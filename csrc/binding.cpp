@@ -254,16 +254,44 @@ void remember(Table& table, const Key& key, std::pair<int64_t, int64_t> value, i
     table[key] = value;
 }
 
+// The key of a quantize / dequantize call from ops' own arguments, read the same way when remembering and when
+// looking up (`contiguous`: only the lookup asks; remembering leaves contiguity to ops). False where the arguments
+// are not in the one form admitted (see above).
+bool read_quantize_key(PyObject* x_arg, PyObject* groups_arg, PyObject* backend_arg, bool contiguous,
+                       const at::Tensor*& x, QuantizeKey& key)
+{
+    x = read_cuda_tensor(x_arg, contiguous);
+    int64_t groups_key = 0;
+    const int backend = read_backend(backend_arg);
+    if (x == nullptr || !read_count(groups_arg, groups_key) || backend < 0) return false;
+    key = QuantizeKey{x->numel(), groups_key, backend};
+    return true;
+}
+
+bool read_dequantize_key(PyObject* const* args, bool contiguous, const at::Tensor*& codes, const at::Tensor*& scales,
+                         at::ScalarType& out_type, DequantizeKey& key)
+{
+    // args: codes, scales, dtype, group_size, block_numel, backend, as ops.dequantize takes them.
+    codes = read_cuda_tensor(args[0], contiguous);
+    scales = read_cuda_tensor(args[1], contiguous);
+    int64_t size_key = 0, block_key = 0;
+    const int backend = read_backend(args[5]);
+    if (codes == nullptr || scales == nullptr || !read_out_type(args[2], out_type) || !read_count(args[3], size_key) ||
+        !read_count(args[4], block_key) || backend < 0)
+        return false;
+    key = DequantizeKey{codes->numel(), scales->numel(), static_cast<int64_t>(out_type), size_key, block_key, backend};
+    return true;
+}
+
 // Called by ops after its checks passed and this backend answered: the arguments as ops received them, the
 // resolved layout, and ops' table limit. Returns whether the signature is admitted (see above).
 bool remember_quantize(py::handle input, py::handle groups_arg, py::handle backend_arg, int64_t groups,
                        int64_t group_size, int64_t limit)
 {
-    const at::Tensor* x = read_cuda_tensor(input.ptr(), false);
-    int64_t groups_key = 0;
-    const int backend = read_backend(backend_arg.ptr());
-    if (x == nullptr || !read_count(groups_arg.ptr(), groups_key) || backend < 0) return false;
-    remember(quantize_signatures, QuantizeKey{x->numel(), groups_key, backend}, {groups, group_size}, limit);
+    const at::Tensor* x = nullptr;
+    QuantizeKey key;
+    if (!read_quantize_key(input.ptr(), groups_arg.ptr(), backend_arg.ptr(), false, x, key)) return false;
+    remember(quantize_signatures, key, {groups, group_size}, limit);
     return true;
 }
 
@@ -271,16 +299,16 @@ bool remember_dequantize(py::handle codes_arg, py::handle scales_arg, py::handle
                          py::handle block_numel_arg, py::handle backend_arg, int64_t group_size, int64_t block_numel,
                          int64_t limit)
 {
-    const at::Tensor* codes = read_cuda_tensor(codes_arg.ptr(), false);
-    const at::Tensor* scales = read_cuda_tensor(scales_arg.ptr(), false);
+    PyObject* const args[] = {codes_arg.ptr(),
+                              scales_arg.ptr(),
+                              dtype_arg.ptr(),
+                              group_size_arg.ptr(),
+                              block_numel_arg.ptr(),
+                              backend_arg.ptr()};
+    const at::Tensor *codes = nullptr, *scales = nullptr;
     at::ScalarType out_type;
-    int64_t size_key = 0, block_key = 0;
-    const int backend = read_backend(backend_arg.ptr());
-    if (codes == nullptr || scales == nullptr || !read_out_type(dtype_arg.ptr(), out_type) ||
-        !read_count(group_size_arg.ptr(), size_key) || !read_count(block_numel_arg.ptr(), block_key) || backend < 0)
-        return false;
-    const DequantizeKey key{
-        codes->numel(), scales->numel(), static_cast<int64_t>(out_type), size_key, block_key, backend};
+    DequantizeKey key;
+    if (!read_dequantize_key(args, false, codes, scales, out_type, key)) return false;
     remember(dequantize_signatures, key, {group_size, block_numel}, limit);
     return true;
 }
@@ -296,13 +324,12 @@ PyObject* fast_quantize(PyObject*, PyObject* const* args, Py_ssize_t nargs)
 {
     HANDLE_TH_ERRORS
     if (nargs != 3) Py_RETURN_NONE;
-    const at::Tensor* x = read_cuda_tensor(args[0], true);
-    int64_t groups_key = 0;
-    const int backend = read_backend(args[2]);
-    if (x == nullptr || !read_count(args[1], groups_key) || backend < 0) Py_RETURN_NONE;
+    const at::Tensor* x = nullptr;
+    QuantizeKey key;
+    if (!read_quantize_key(args[0], args[1], args[2], true, x, key)) Py_RETURN_NONE;
     const at::ScalarType type = x->scalar_type();
     if (type != at::kHalf && type != at::kBFloat16 && type != at::kFloat) Py_RETURN_NONE;
-    const auto found = quantize_signatures.find(QuantizeKey{x->numel(), groups_key, backend});
+    const auto found = quantize_signatures.find(key);
     if (found == quantize_signatures.end()) Py_RETURN_NONE;
     auto [codes, scales] = run_quantize(*x, format_of(type, "input"), found->second.first, found->second.second);
     PyObject* result = PyTuple_New(2);
@@ -318,20 +345,14 @@ PyObject* fast_dequantize(PyObject*, PyObject* const* args, Py_ssize_t nargs)
 {
     HANDLE_TH_ERRORS
     if (nargs != 6) Py_RETURN_NONE;
-    const at::Tensor* codes = read_cuda_tensor(args[0], true);
-    const at::Tensor* scales = read_cuda_tensor(args[1], true);
+    const at::Tensor *codes = nullptr, *scales = nullptr;
     at::ScalarType out_type;
-    int64_t size_key = 0, block_key = 0;
-    const int backend = read_backend(args[5]);
-    if (codes == nullptr || scales == nullptr || !read_out_type(args[2], out_type) ||
-        !read_count(args[3], size_key) || !read_count(args[4], block_key) || backend < 0)
-        Py_RETURN_NONE;
+    DequantizeKey key;
+    if (!read_dequantize_key(args, true, codes, scales, out_type, key)) Py_RETURN_NONE;
     const bool wire = codes->scalar_type() == at::kChar && scales->scalar_type() == at::kFloat &&
                       scales->device() == codes->device() &&
                       (scales->dim() == 1 || (scales->dim() == 2 && scales->size(1) == 1));
     if (!wire) Py_RETURN_NONE;
-    const DequantizeKey key{
-        codes->numel(), scales->numel(), static_cast<int64_t>(out_type), size_key, block_key, backend};
     const auto found = dequantize_signatures.find(key);
     if (found == dequantize_signatures.end()) Py_RETURN_NONE;
     return THPVariable_Wrap(run_dequantize(*codes, *scales, found->second.first, found->second.second, out_type));

@@ -1,16 +1,21 @@
 // Symmetric int8 quantization of contiguous groups; the last group may be shorter (grouping.py).
 //
-// Groups of up to 16 packets per lane of a warp (4096 16-bit or 2048 32-bit elements: DeepSpeed's usual groups) take
-// one warp each, and so do groups of up to 32 packets per lane when there are many of them; other groups one thread
-// block each. Either way a group is read once into registers, its exact absmax reduced (warp shuffles; plus shared
-// memory and one barrier in a block), and its codes written from registers.
+// Groups of up to 8 packets per lane of a warp (2048 16-bit or 1024 32-bit elements) take one warp each; larger
+// groups one thread block each (DeepSpeed's usual 4096-element groups among them). Either way a group is read once
+// into registers, its exact absmax reduced (warp shuffles; plus shared memory and one barrier in a block), and its
+// codes written from registers: input bytes cross the memory bus once.
 //
-// In the block kernel, a block reads its group once into registers (kLoads 16-byte loads per thread: up to 64 KiB per group at 1024
-// threads, four times DeepSpeed's largest group), reduces the exact absmax, then writes the codes from registers:
-// input bytes cross the memory bus once. Larger groups (only an explicit group count makes them) take a second pass
-// over the input, which then mostly hits L2. Whatever the group size, the aligned interior of a group moves in 16-byte
-// loads; the few elements before the first and after the last 16-byte boundary of the group are handled one at a
-// time. An input pointer that is not 16-byte aligned runs the same kernel with single-element packets.
+// The block kernel reads its group in one round of kLoads 16-byte loads per thread when it fits (up to 64 KiB per
+// group at 1024 threads, four times DeepSpeed's largest group). Larger groups (only an explicit group count makes
+// them) take a second pass over the input, which then mostly hits L2. Whatever the group size, the aligned interior
+// of a group moves in 16-byte loads; the few elements before the first and after the last 16-byte boundary of the
+// group are handled one at a time. An input pointer that is not 16-byte aligned runs the same kernels with
+// single-element packets.
+//
+// Measured on H200 in one process: 4096-element 16-bit groups kept in one warp (16 loads per lane, ~90 registers, 5
+// blocks an SM) ran 7-9% slower at 16M elements and 1.5% slower at 134M than in a block of 128 threads (one round in
+// 42 registers: twice the resident warps); the saturating conversion in quantize_value made the 2048-element warp
+// groups ~5% faster at 16M.
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -25,13 +30,10 @@ namespace {
 constexpr int kLoads = 4;  // 16-byte loads in flight per thread (2 measured slower)
 constexpr int kMaxThreads = 1024;
 constexpr int kMinThreads = 32;
-// The warp kernel: 4 groups per block (measured ahead of 8 at 16M elements in 4096-element groups: a shorter tail),
-// up to 16 packets kept per lane (groups up to 4096 16-bit or 2048 32-bit elements; longer ones need the block).
+// The warp kernel: 4 groups per block (measured ahead of 8 at 16M elements: a shorter tail), up to kWarpLoads packets
+// kept per lane (groups up to 2048 16-bit or 1024 32-bit elements; longer ones go to the block kernel).
 constexpr int kWarpBlockThreads = 128;
-// Groups of 17-32 packets per lane (fp32 in 4096-element groups) go to the warp kernel too, but only when there are
-// many: at ~150 registers a thread it keeps 12 warps an SM, which measured 11% ahead of the block kernel with 32768
-// such groups (134M elements) and 6% behind it with 4096 (16M: too few warps to fill the device).
-constexpr int kWarp32MinGroupsPerSM = 64;
+constexpr int kWarpLoads = 8;
 
 __device__ __forceinline__ uint32_t warp_max(uint32_t v)
 {
@@ -53,17 +55,21 @@ __device__ __forceinline__ uint32_t block_max(uint32_t v)
     return warp_max(lane < warps ? warp_results[lane] : 0u);
 }
 
-__device__ __forceinline__ int8_t quantize_value(float value, float multiplier, bool finite)
+// __fmul_rn: one IEEE rounding, never fused into anything else. cvt.rni.sat.s8.f32 rounds half to even and clamps
+// to [-128, 127] in one instruction (two fewer than __float2int_rn and a clamp, and fewer registers), and turns NaN
+// into 0: a group that is not finite gets the multiplier 0 (multiplier_for), so each of its values becomes 0 or NaN
+// and its codes all 0.
+__device__ __forceinline__ int8_t quantize_value(float value, float multiplier)
 {
-    // __fmul_rn: one IEEE rounding, never fused into anything else; the rounding to int is half-to-even.
-    const int code = __float2int_rn(__fmul_rn(value, multiplier));
-    return finite ? static_cast<int8_t>(min(max(code, -128), 127)) : int8_t(0);
+    int code;
+    asm("cvt.rni.sat.s8.f32 %0, %1;" : "=r"(code) : "f"(__fmul_rn(value, multiplier)));
+    return static_cast<int8_t>(code);
 }
 
 template <typename Fmt>
-__device__ __forceinline__ int8_t quantize_one(uint32_t bits, float multiplier, bool finite)
+__device__ __forceinline__ int8_t quantize_one(uint32_t bits, float multiplier)
 {
-    return quantize_value(Fmt::to_float(bits), multiplier, finite);
+    return quantize_value(Fmt::to_float(bits), multiplier);
 }
 
 // A packet's elements widened to float. bfloat16 packets are read as 32-bit words: the even element is the low
@@ -89,9 +95,10 @@ __device__ __forceinline__ void widen(const P& packet, float (&values)[VEC])
 
 // Correctly rounded 128 / absmax and 1 / multiplier, as formats/int8.py computes them: IEEE float division (__fdiv_rn,
 // never the fast approximation), subnormal results included; for tiny groups 128 / absmax overflows to inf, which the
-// FLT_MAX cap turns into a finite multiplier.
-__device__ __forceinline__ float multiplier_for(float absmax)
+// FLT_MAX cap turns into a finite multiplier. A group that is not finite (inf or NaN among its values) gets 0.
+__device__ __forceinline__ float multiplier_for(float absmax, bool finite)
 {
+    if (!finite) return 0.f;
     return absmax == 0.f ? 1.f : fminf(__fdiv_rn(128.f, absmax), FLT_MAX);
 }
 
@@ -121,25 +128,26 @@ __device__ __forceinline__ uint32_t packet_magnitude(const P& packet, uint32_t r
 
 // One packet of input, widened and quantized, stored as one packet of codes.
 template <typename Fmt, int VEC, typename InPacket>
-__device__ __forceinline__ void store_codes(const InPacket& packet,
-                                           float multiplier,
-                                           bool finite,
-                                           PacketOf<int8_t, VEC>* target)
+__device__ __forceinline__ void store_codes(const InPacket& packet, float multiplier, PacketOf<int8_t, VEC>* target)
 {
     float values[VEC];
     widen<Fmt, VEC>(packet, values);
     PacketOf<int8_t, VEC> out;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) out.e[j] = quantize_value(values[j], multiplier, finite);
+    for (int j = 0; j < VEC; ++j) out.e[j] = quantize_value(values[j], multiplier);
     target->raw[0] = out.raw[0];
 }
 
-template <typename Fmt, int VEC>
+// ONE_ROUND: the group fits in one round of kLoads packets per thread, kept in registers; otherwise a first pass
+// reduces the absmax round by round and a second one reads the group again for the codes. The one-round kernel is a
+// separate instantiation because it needs fewer registers (42-44 against 44-46 for 16-bit), which fits one more block
+// of 128 threads an SM.
+template <typename Fmt, int VEC, bool ONE_ROUND>
 __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fmt::Bits* __restrict__ input,
-                                int8_t* __restrict__ codes,
-                                float* __restrict__ scales,
-                                int64_t group_size,
-                                int64_t numel)
+                                                               int8_t* __restrict__ codes,
+                                                               float* __restrict__ scales,
+                                                               int64_t group_size,
+                                                               int64_t numel)
 {
     using Bits = typename Fmt::Bits;
     using InPacket = PacketOf<Bits, VEC>;
@@ -156,8 +164,7 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fm
     const InPacket* body = reinterpret_cast<const InPacket*>(input + body_start);
     CodePacket* body_codes = reinterpret_cast<CodePacket*>(codes + body_start);
 
-    const int stride = blockDim.x * kLoads;
-    const bool cached = packets <= stride;
+    const int stride = blockDim.x * kLoads;  // packets per round
     InPacket cache[kLoads];
     auto load = [&](int base) {
 #pragma unroll
@@ -168,13 +175,25 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fm
                 cache[k].raw[r] = idx < packets ? body[idx].raw[r] : typename InPacket::RawType{};
         }
     };
+    auto store = [&](int base, float multiplier) {
+#pragma unroll
+        for (int k = 0; k < kLoads; ++k) {
+            const int idx = base + threadIdx.x + k * blockDim.x;
+            if (idx < packets) store_codes<Fmt, VEC>(cache[k], multiplier, body_codes + idx);
+        }
+    };
 
     uint32_t magnitude = 0;
-    for (int base = 0; base < packets; base += stride) {
-        load(base);
+    if constexpr (ONE_ROUND) {
+        load(0);
 #pragma unroll
-        for (int k = 0; k < kLoads; ++k)
-            magnitude = packet_magnitude<Fmt, VEC>(cache[k], magnitude);
+        for (int k = 0; k < kLoads; ++k) magnitude = packet_magnitude<Fmt, VEC>(cache[k], magnitude);
+    } else {
+        for (int base = 0; base < packets; base += stride) {
+            load(base);
+#pragma unroll
+            for (int k = 0; k < kLoads; ++k) magnitude = packet_magnitude<Fmt, VEC>(cache[k], magnitude);
+        }
     }
     const int lane = threadIdx.x;
     const bool has_edge = lane < edge;
@@ -184,18 +203,18 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fm
 
     const float absmax = Fmt::to_float(block_max(magnitude));
     const bool finite = absmax <= FLT_MAX;  // false for inf and NaN
-    const float multiplier = multiplier_for(absmax);
+    const float multiplier = multiplier_for(absmax, finite);
     if (threadIdx.x == 0) scales[blockIdx.x] = stored_scale(multiplier, finite);
 
-    for (int base = 0; base < packets; base += stride) {
-        if (!cached) load(base);
-#pragma unroll
-        for (int k = 0; k < kLoads; ++k) {
-            const int idx = base + threadIdx.x + k * blockDim.x;
-            if (idx < packets) store_codes<Fmt, VEC>(cache[k], multiplier, finite, body_codes + idx);
+    if constexpr (ONE_ROUND) {
+        store(0, multiplier);
+    } else {
+        for (int base = 0; base < packets; base += stride) {
+            load(base);
+            store(base, multiplier);
         }
     }
-    if (has_edge) codes[edge_index] = quantize_one<Fmt>(edge_bits, multiplier, finite);
+    if (has_edge) codes[edge_index] = quantize_one<Fmt>(edge_bits, multiplier);
 }
 
 // Small groups: one warp per group, several groups per block. A lane keeps its up to LOADS packets in registers
@@ -244,15 +263,15 @@ __global__ void __launch_bounds__(kWarpBlockThreads) quantize_warp_kernel(const 
         magnitude = packet_magnitude<Fmt, VEC>(cache[k], magnitude);
     const float absmax = Fmt::to_float(warp_max(magnitude));
     const bool finite = absmax <= FLT_MAX;  // false for inf and NaN
-    const float multiplier = multiplier_for(absmax);
+    const float multiplier = multiplier_for(absmax, finite);
     if (lane == 0) scales[group] = stored_scale(multiplier, finite);
 
 #pragma unroll
     for (int k = 0; k < LOADS; ++k) {
         const int idx = lane + 32 * k;
-        if (idx < packets) store_codes<Fmt, VEC>(cache[k], multiplier, finite, body_codes + idx);
+        if (idx < packets) store_codes<Fmt, VEC>(cache[k], multiplier, body_codes + idx);
     }
-    if (has_edge) codes[edge_index] = quantize_one<Fmt>(edge_bits, multiplier, finite);
+    if (has_edge) codes[edge_index] = quantize_one<Fmt>(edge_bits, multiplier);
 }
 
 template <typename Fmt, int VEC, int LOADS>
@@ -268,14 +287,6 @@ void launch_warps(const typename Fmt::Bits* input,
     const int64_t blocks = (groups + per_block - 1) / per_block;
     quantize_warp_kernel<Fmt, VEC, LOADS>
         <<<blocks, kWarpBlockThreads, 0, stream>>>(input, codes, scales, groups, group_size, numel);
-}
-
-int multiprocessors()
-{
-    int device = 0, count = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    return count;
 }
 
 int threads_for(int64_t packets)
@@ -296,15 +307,17 @@ void launch_with(const typename Fmt::Bits* input,
 {
     // A group's body spans at most group_size / VEC packets (fewer when it does not start on a packet boundary).
     const int64_t per_lane = (group_size / VEC + 31) / 32;
+    static_assert(kWarpLoads == 8, "one instantiation per power of two up to kWarpLoads");
     if (per_lane <= 1) return launch_warps<Fmt, VEC, 1>(input, codes, scales, groups, group_size, numel, stream);
     if (per_lane <= 2) return launch_warps<Fmt, VEC, 2>(input, codes, scales, groups, group_size, numel, stream);
     if (per_lane <= 4) return launch_warps<Fmt, VEC, 4>(input, codes, scales, groups, group_size, numel, stream);
     if (per_lane <= 8) return launch_warps<Fmt, VEC, 8>(input, codes, scales, groups, group_size, numel, stream);
-    if (per_lane <= 16) return launch_warps<Fmt, VEC, 16>(input, codes, scales, groups, group_size, numel, stream);
-    if (per_lane <= 32 && groups >= kWarp32MinGroupsPerSM * static_cast<int64_t>(multiprocessors()))
-        return launch_warps<Fmt, VEC, 32>(input, codes, scales, groups, group_size, numel, stream);
-    const int threads = threads_for((group_size + VEC - 1) / VEC);
-    quantize_kernel<Fmt, VEC><<<groups, threads, 0, stream>>>(input, codes, scales, group_size, numel);
+    const int64_t packets = (group_size + VEC - 1) / VEC;
+    const int threads = threads_for(packets);
+    if (threads * static_cast<int64_t>(kLoads) >= packets)
+        quantize_kernel<Fmt, VEC, true><<<groups, threads, 0, stream>>>(input, codes, scales, group_size, numel);
+    else
+        quantize_kernel<Fmt, VEC, false><<<groups, threads, 0, stream>>>(input, codes, scales, group_size, numel);
 }
 
 template <typename Fmt>

@@ -86,8 +86,8 @@ def test_quantize_edge_values_match_reference(dtype, group_size):
     assert not codes.view(groups, -1)[6:9].any()
 
 
-# Groups of 17-32 packets per lane: the warp kernel takes them when there are at least 64 per SM (quantize.cu), the
-# block kernel otherwise; both counts, each with group sizes that are and are not a multiple of the packet.
+# Groups of more than 8 packets per lane of a warp: the block kernel in one round (quantize.cu); many and few groups
+# an SM, each with group sizes that are and are not a multiple of the packet.
 LARGE_GROUPS = [(torch.float32, 4096), (torch.float32, 4093), (torch.bfloat16, 8192), (torch.float16, 8190)]
 
 
