@@ -59,9 +59,12 @@ def _reduce_scatter_plain(tensors, world, rank, factor):
     rows = torch.zeros(world, sum(chunks), dtype=torch.float32, device=tensors[0].device)
     start = 0
     for tensor, chunk in zip(tensors, chunks):
-        padded = torch.zeros(world * chunk, dtype=torch.float32, device=tensor.device)
-        padded[:tensor.numel()] = tensor.reshape(-1)
-        rows[:, start:start + chunk] = padded.view(world, chunk)
+        if tensor.numel() == world * chunk:  # no padding: one copy straight into the rows
+            rows[:, start:start + chunk] = tensor.reshape(world, chunk)
+        else:
+            padded = torch.zeros(world * chunk, dtype=torch.float32, device=tensor.device)
+            padded[:tensor.numel()] = tensor.reshape(-1)
+            rows[:, start:start + chunk] = padded.view(world, chunk)
         start += chunk
     summed = torch.empty(rows.shape[1], dtype=torch.float32, device=rows.device)
     dist.reduce_scatter_fn(summed, rows.view(-1))
