@@ -1,21 +1,23 @@
 // Symmetric int8 quantization of contiguous groups; the last group may be shorter (grouping.py).
 //
-// Groups of up to 8 packets per lane of a warp (2048 16-bit or 1024 32-bit elements) take one warp each; larger
-// groups one thread block each (DeepSpeed's usual 4096-element groups among them). Either way a group is read once
-// into registers, its exact absmax reduced (warp shuffles; plus shared memory and one barrier in a block), and its
-// codes written from registers: input bytes cross the memory bus once.
+// Groups of up to 4 packets per lane of a warp (1024 16-bit or 512 32-bit elements) take one warp each; larger
+// groups one thread block each (DeepSpeed's usual 2048- and 4096-element groups among them). Either way a group is
+// read once into registers, its exact absmax reduced (warp shuffles; plus shared memory and one barrier in a block),
+// and its codes written from registers: input bytes cross the memory bus once.
 //
-// The block kernel reads its group in one round of kLoads 16-byte loads per thread when it fits (up to 64 KiB per
-// group at 1024 threads, four times DeepSpeed's largest group). Larger groups (only an explicit group count makes
-// them) take a second pass over the input, which then mostly hits L2. Whatever the group size, the aligned interior
-// of a group moves in 16-byte loads; the few elements before the first and after the last 16-byte boundary of the
-// group are handled one at a time. An input pointer that is not 16-byte aligned runs the same kernels with
-// single-element packets.
+// The block kernel reads its group in one round of LOADS 16-byte loads per thread when it fits: 2 for groups of up to
+// 8 packets per lane of a warp (up to 128 threads), else 4 (up to 64 KiB per group at 1024 threads, four times
+// DeepSpeed's largest group). Larger groups (only an explicit group count makes them) take a second pass over the
+// input, which then mostly hits L2. Whatever the group size, the aligned interior of a group moves in 16-byte loads;
+// the few elements before the first and after the last 16-byte boundary of the group are handled one at a time. An
+// input pointer that is not 16-byte aligned runs the same kernels with single-element packets.
 //
 // Measured on H200 in one process: 4096-element 16-bit groups kept in one warp (16 loads per lane, ~90 registers, 5
 // blocks an SM) ran 7-9% slower at 16M elements and 1.5% slower at 134M than in a block of 128 threads (one round in
-// 42 registers: twice the resident warps); the saturating conversion in quantize_value made the 2048-element warp
-// groups ~5% faster at 16M.
+// 42 registers: twice the resident warps). 2048-element groups in one warp (8 loads per lane, 59 registers) ran
+// 1.5% slower at 16M and 1.5% at 134M than in a block of 128 threads with 2 loads each (32 registers: 64 warps an
+// SM), and level with 64 threads of 4 loads. The saturating conversion in quantize_value made the one-warp groups ~5%
+// faster at 16M.
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -27,13 +29,17 @@
 namespace dszpp {
 namespace {
 
-constexpr int kLoads = 4;  // 16-byte loads in flight per thread (2 measured slower for 4096-element groups)
+// 16-byte loads in flight per thread of the block kernel: kSmallLoads for groups of up to kSmallPackets packets
+// (fewer registers: more resident warps), else kLoads (2 measured slower for 4096-element groups).
+constexpr int kLoads = 4;
+constexpr int kSmallLoads = 2;
+constexpr int kSmallPackets = 256;
 constexpr int kMaxThreads = 1024;
 constexpr int kMinThreads = 32;
 // The warp kernel: 4 groups per block (measured ahead of 8 at 16M elements: a shorter tail), up to kWarpLoads packets
-// kept per lane (groups up to 2048 16-bit or 1024 32-bit elements; longer ones go to the block kernel).
+// kept per lane (groups up to 1024 16-bit or 512 32-bit elements; longer ones go to the block kernel).
 constexpr int kWarpBlockThreads = 128;
-constexpr int kWarpLoads = 8;
+constexpr int kWarpLoads = 4;
 
 __device__ __forceinline__ uint32_t warp_max(uint32_t v)
 {
@@ -138,11 +144,11 @@ __device__ __forceinline__ void store_codes(const InPacket& packet, float multip
     target->raw[0] = out.raw[0];
 }
 
-// ONE_ROUND: the group fits in one round of kLoads packets per thread, kept in registers; otherwise a first pass
+// ONE_ROUND: the group fits in one round of LOADS packets per thread, kept in registers; otherwise a first pass
 // reduces the absmax round by round and a second one reads the group again for the codes. The one-round kernel is a
-// separate instantiation because it needs fewer registers (42-43 against 46), which fits one more block
+// separate instantiation because it needs fewer registers (42-43 against 46 for LOADS 4), which fits one more block
 // of 128 threads an SM.
-template <typename Fmt, int VEC, bool ONE_ROUND>
+template <typename Fmt, int VEC, bool ONE_ROUND, int LOADS>
 __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fmt::Bits* __restrict__ input,
                                                                int8_t* __restrict__ codes,
                                                                float* __restrict__ scales,
@@ -164,11 +170,11 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fm
     const InPacket* body = reinterpret_cast<const InPacket*>(input + body_start);
     CodePacket* body_codes = reinterpret_cast<CodePacket*>(codes + body_start);
 
-    const int stride = blockDim.x * kLoads;  // packets per round
-    InPacket cache[kLoads];
+    const int stride = blockDim.x * LOADS;  // packets per round
+    InPacket cache[LOADS];
     auto load = [&](int base) {
 #pragma unroll
-        for (int k = 0; k < kLoads; ++k) {
+        for (int k = 0; k < LOADS; ++k) {
             const int idx = base + threadIdx.x + k * blockDim.x;
 #pragma unroll
             for (int r = 0; r < sizeof(cache[k].raw) / sizeof(cache[k].raw[0]); ++r)
@@ -177,7 +183,7 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fm
     };
     auto store = [&](int base, float multiplier) {
 #pragma unroll
-        for (int k = 0; k < kLoads; ++k) {
+        for (int k = 0; k < LOADS; ++k) {
             const int idx = base + threadIdx.x + k * blockDim.x;
             if (idx < packets) store_codes<Fmt, VEC>(cache[k], multiplier, body_codes + idx);
         }
@@ -187,12 +193,12 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fm
     if constexpr (ONE_ROUND) {
         load(0);
 #pragma unroll
-        for (int k = 0; k < kLoads; ++k) magnitude = packet_magnitude<Fmt, VEC>(cache[k], magnitude);
+        for (int k = 0; k < LOADS; ++k) magnitude = packet_magnitude<Fmt, VEC>(cache[k], magnitude);
     } else {
         for (int base = 0; base < packets; base += stride) {
             load(base);
 #pragma unroll
-            for (int k = 0; k < kLoads; ++k) magnitude = packet_magnitude<Fmt, VEC>(cache[k], magnitude);
+            for (int k = 0; k < LOADS; ++k) magnitude = packet_magnitude<Fmt, VEC>(cache[k], magnitude);
         }
     }
     const int lane = threadIdx.x;
@@ -289,10 +295,11 @@ void launch_warps(const typename Fmt::Bits* input,
         <<<blocks, kWarpBlockThreads, 0, stream>>>(input, codes, scales, groups, group_size, numel);
 }
 
-int threads_for(int64_t packets)
+// The fewest threads (a power of two from kMinThreads to kMaxThreads) that cover `packets` at `loads` each.
+int threads_for(int64_t packets, int loads)
 {
     int threads = kMinThreads;
-    while (threads * static_cast<int64_t>(kLoads) < packets && threads < kMaxThreads) threads <<= 1;
+    while (threads * static_cast<int64_t>(loads) < packets && threads < kMaxThreads) threads <<= 1;
     return threads;
 }
 
@@ -307,17 +314,24 @@ void launch_with(const typename Fmt::Bits* input,
 {
     // A group's body spans at most group_size / VEC packets (fewer when it does not start on a packet boundary).
     const int64_t per_lane = (group_size / VEC + 31) / 32;
-    static_assert(kWarpLoads == 8, "one instantiation per power of two up to kWarpLoads");
+    static_assert(kWarpLoads == 4, "one instantiation per power of two up to kWarpLoads");
     if (per_lane <= 1) return launch_warps<Fmt, VEC, 1>(input, codes, scales, groups, group_size, numel, stream);
     if (per_lane <= 2) return launch_warps<Fmt, VEC, 2>(input, codes, scales, groups, group_size, numel, stream);
     if (per_lane <= 4) return launch_warps<Fmt, VEC, 4>(input, codes, scales, groups, group_size, numel, stream);
-    if (per_lane <= 8) return launch_warps<Fmt, VEC, 8>(input, codes, scales, groups, group_size, numel, stream);
     const int64_t packets = (group_size + VEC - 1) / VEC;
-    const int threads = threads_for(packets);
+    static_assert(kSmallPackets <= kSmallLoads * kMaxThreads, "small groups take one round");
+    if (packets <= kSmallPackets) {
+        const int threads = threads_for(packets, kSmallLoads);
+        quantize_kernel<Fmt, VEC, true, kSmallLoads>
+            <<<groups, threads, 0, stream>>>(input, codes, scales, group_size, numel);
+        return;
+    }
+    const int threads = threads_for(packets, kLoads);
     if (threads * static_cast<int64_t>(kLoads) >= packets)
-        quantize_kernel<Fmt, VEC, true><<<groups, threads, 0, stream>>>(input, codes, scales, group_size, numel);
+        quantize_kernel<Fmt, VEC, true, kLoads><<<groups, threads, 0, stream>>>(input, codes, scales, group_size, numel);
     else
-        quantize_kernel<Fmt, VEC, false><<<groups, threads, 0, stream>>>(input, codes, scales, group_size, numel);
+        quantize_kernel<Fmt, VEC, false, kLoads>
+            <<<groups, threads, 0, stream>>>(input, codes, scales, group_size, numel);
 }
 
 template <typename Fmt>

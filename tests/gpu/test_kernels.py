@@ -18,10 +18,10 @@ from tests.helpers import assert_bitwise, extension_builds  # noqa: E402,F401
 DTYPES = SUPPORTED_DTYPES
 DTYPE_IDS = ("fp16", "bf16", "fp32")
 # (numel, groups): single elements, sizes below one 16-byte packet, group sizes that are no multiple of the packet
-# (edge elements), primes above DeepSpeed's 16384 limit, the usual ~4-8k groups, and groups too big to keep in
+# (edge elements), primes above DeepSpeed's 16384 limit, the usual ~2-8k groups, and groups too big to keep in
 # registers (second pass over the input), up to a prime of ~1M as one group.
-SHAPES = [(1, 1), (7, 1), (7, 7), (257, 1), (257, 257), (3000, 1000), (5 * 1001, 5), (16411, 1), (64 * 4096, 64),
-          (8 * 8000, 8), (3 * 12288, 3), (2 * 70001, 2), (100003, 1), (1000003, 1)]
+SHAPES = [(1, 1), (7, 1), (7, 7), (257, 1), (257, 257), (3000, 1000), (5 * 1001, 5), (7 * 1500, 7), (16 * 2048, 16),
+          (16411, 1), (64 * 4096, 64), (8 * 8000, 8), (3 * 12288, 3), (2 * 70001, 2), (100003, 1), (1000003, 1)]
 
 
 def reference_quantize(x, groups):
@@ -86,9 +86,11 @@ def test_quantize_edge_values_match_reference(dtype, group_size):
     assert not codes.view(groups, -1)[6:9].any()
 
 
-# Groups of more than 8 packets per lane of a warp: the block kernel in one round (quantize.cu); many and few groups
-# an SM, each with group sizes that are and are not a multiple of the packet.
-LARGE_GROUPS = [(torch.float32, 4096), (torch.float32, 4093), (torch.bfloat16, 8192), (torch.float16, 8190)]
+# Groups of more than 4 packets per lane of a warp: the block kernel in one round, of 2 loads per thread up to 256
+# packets and of 4 above (quantize.cu); many and few groups an SM, each with group sizes that are and are not a
+# multiple of the packet.
+LARGE_GROUPS = [(torch.float32, 4096), (torch.float32, 4093), (torch.bfloat16, 8192), (torch.float16, 8190),
+                (torch.bfloat16, 2048), (torch.float16, 2046), (torch.float32, 1021)]
 
 
 @pytest.mark.parametrize("per_sm", [64, 16])
