@@ -41,11 +41,13 @@ constexpr int kMinThreads = 32;
 constexpr int kWarpBlockThreads = 128;
 constexpr int kWarpLoads = 4;
 
-// Every input byte is read once and every code written once: the one-round block kernel's loads and all code stores
-// carry the evict-first cache hint (ld.global.cs / st.global.cs), so they do not crowd other lines out of L2. Measured
-// in one process on H200: the block kernel 3-6% faster at 16M elements and level to +0.5% at 134M; the warp kernel's
-// loads with the hint were 5% faster at 16M but 1.5-2% slower at 134M (512-element groups), so they stay plain. A
-// 256-byte L2 prefetch hint on the loads (with or without .nc) was level to 3% slower.
+// Evict-first cache hints (ld.global.cs / st.global.cs) on the one-round block kernel's loads and code stores, for
+// inputs of up to kStreamingBytes. Measured in one process on H200 (codes and scales identical): 3-6% faster at 16M
+// elements whatever ran before; at 134M level when it follows a quantize, 7-9% slower when it follows a kernel that
+// writes a large new tensor (a clone or DeepSpeed's dequantize), so larger inputs load and store plainly. The hints on
+// the warp kernel's loads were +5% at 16M and -1.5 to -2% at 134M; a 256-byte L2 prefetch hint was level to -3%.
+constexpr int64_t kStreamingBytes = int64_t(64) << 20;
+
 template <typename T>
 __device__ __forceinline__ T load_once(const T* p)
 {
@@ -150,7 +152,7 @@ __device__ __forceinline__ uint32_t packet_magnitude(const P& packet, uint32_t r
 }
 
 // One packet of input, widened and quantized, stored as one packet of codes.
-template <typename Fmt, int VEC, typename InPacket>
+template <typename Fmt, int VEC, bool STREAM = false, typename InPacket>
 __device__ __forceinline__ void store_codes(const InPacket& packet, float multiplier, PacketOf<int8_t, VEC>* target)
 {
     float values[VEC];
@@ -158,14 +160,18 @@ __device__ __forceinline__ void store_codes(const InPacket& packet, float multip
     PacketOf<int8_t, VEC> out;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) out.e[j] = quantize_value(values[j], multiplier);
-    store_once(&target->raw[0], out.raw[0]);
+    if constexpr (STREAM)
+        store_once(&target->raw[0], out.raw[0]);
+    else
+        target->raw[0] = out.raw[0];
 }
 
 // ONE_ROUND: the group fits in one round of LOADS packets per thread, kept in registers; otherwise a first pass
 // reduces the absmax round by round and a second one reads the group again for the codes. The one-round kernel is a
 // separate instantiation because it needs fewer registers (42-43 against 46 for LOADS 4), which fits one more block
-// of 128 threads an SM.
-template <typename Fmt, int VEC, bool ONE_ROUND, int LOADS>
+// of 128 threads an SM. STREAM: the evict-first hints (kStreamingBytes); only with ONE_ROUND, whose loads are the only
+// ones of their bytes.
+template <typename Fmt, int VEC, bool ONE_ROUND, int LOADS, bool STREAM>
 __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fmt::Bits* __restrict__ input,
                                                                int8_t* __restrict__ codes,
                                                                float* __restrict__ scales,
@@ -196,15 +202,15 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fm
 #pragma unroll
             for (int r = 0; r < sizeof(cache[k].raw) / sizeof(cache[k].raw[0]); ++r)
                 cache[k].raw[r] = idx >= packets ? typename InPacket::RawType{}
-                                  : ONE_ROUND    ? load_once(&body[idx].raw[r])
-                                                 : body[idx].raw[r];  // read again in the second pass
+                                  : STREAM       ? load_once(&body[idx].raw[r])
+                                                 : body[idx].raw[r];
         }
     };
     auto store = [&](int base, float multiplier) {
 #pragma unroll
         for (int k = 0; k < LOADS; ++k) {
             const int idx = base + threadIdx.x + k * blockDim.x;
-            if (idx < packets) store_codes<Fmt, VEC>(cache[k], multiplier, body_codes + idx);
+            if (idx < packets) store_codes<Fmt, VEC, STREAM>(cache[k], multiplier, body_codes + idx);
         }
     };
 
@@ -322,6 +328,25 @@ int threads_for(int64_t packets, int loads)
     return threads;
 }
 
+template <typename Fmt, int VEC, int LOADS>
+void launch_one_round(const typename Fmt::Bits* input,
+                      int8_t* codes,
+                      float* scales,
+                      int64_t groups,
+                      int64_t group_size,
+                      int64_t numel,
+                      int threads,
+                      bool streaming,
+                      cudaStream_t stream)
+{
+    if (streaming)
+        quantize_kernel<Fmt, VEC, true, LOADS, true>
+            <<<groups, threads, 0, stream>>>(input, codes, scales, group_size, numel);
+    else
+        quantize_kernel<Fmt, VEC, true, LOADS, false>
+            <<<groups, threads, 0, stream>>>(input, codes, scales, group_size, numel);
+}
+
 template <typename Fmt, int VEC>
 void launch_with(const typename Fmt::Bits* input,
                  int8_t* codes,
@@ -339,18 +364,16 @@ void launch_with(const typename Fmt::Bits* input,
     if (per_lane <= 4) return launch_warps<Fmt, VEC, 4>(input, codes, scales, groups, group_size, numel, stream);
     const int64_t packets = (group_size + VEC - 1) / VEC;
     static_assert(kSmallPackets <= kSmallLoads * kMaxThreads, "small groups take one round");
-    if (packets <= kSmallPackets) {
-        const int threads = threads_for(packets, kSmallLoads);
-        quantize_kernel<Fmt, VEC, true, kSmallLoads>
-            <<<groups, threads, 0, stream>>>(input, codes, scales, group_size, numel);
-        return;
-    }
+    const bool streaming = numel * static_cast<int64_t>(sizeof(typename Fmt::Bits)) <= kStreamingBytes;
+    if (packets <= kSmallPackets)
+        return launch_one_round<Fmt, VEC, kSmallLoads>(
+            input, codes, scales, groups, group_size, numel, threads_for(packets, kSmallLoads), streaming, stream);
     const int threads = threads_for(packets, kLoads);
     if (threads * static_cast<int64_t>(kLoads) >= packets)
-        quantize_kernel<Fmt, VEC, true, kLoads><<<groups, threads, 0, stream>>>(input, codes, scales, group_size, numel);
-    else
-        quantize_kernel<Fmt, VEC, false, kLoads>
-            <<<groups, threads, 0, stream>>>(input, codes, scales, group_size, numel);
+        return launch_one_round<Fmt, VEC, kLoads>(
+            input, codes, scales, groups, group_size, numel, threads, streaming, stream);
+    quantize_kernel<Fmt, VEC, false, kLoads, false>
+        <<<groups, threads, 0, stream>>>(input, codes, scales, group_size, numel);
 }
 
 template <typename Fmt>

@@ -106,6 +106,23 @@ def test_quantize_many_large_groups_match_reference(dtype, group_size, per_sm):
     assert_bitwise(scales, ref_scales)
 
 
+# The one-round block kernel uses evict-first cache hints for inputs of up to 64 MiB (kStreamingBytes in
+# quantize.cu): inputs of exactly that size and one element more, through both instantiations, in groups of 2 and 4
+# loads per thread (the last group short where the size does not divide).
+@pytest.mark.parametrize("past", [0, 1], ids=["at", "past"])
+@pytest.mark.parametrize("group_size", [2048, 4093])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_quantize_either_side_of_the_cache_hint_size(dtype, group_size, past):
+    edges, cases = edge_groups(dtype, group_size)
+    numel = (64 << 20) // edges.element_size() + past
+    groups = math.ceil(numel / group_size)
+    x = edges.repeat(math.ceil(groups / cases))[:numel]
+    codes, scales = cuda_backend.quantize(x, groups, group_size)
+    ref_codes, ref_scales = torch_ref.quantize(x.cpu(), groups, group_size)
+    assert_bitwise(codes, ref_codes)
+    assert_bitwise(scales, ref_scales)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_unaligned_and_non_contiguous_input_through_ops(dtype):
     base = random_groups(8 * 4099 + 1, 1, dtype, seed=3)
