@@ -41,24 +41,13 @@ constexpr int kMinThreads = 32;
 constexpr int kWarpBlockThreads = 128;
 constexpr int kWarpLoads = 4;
 
-// Evict-first cache hints (ld.global.cs / st.global.cs) on the one-round block kernel's loads and code stores, for
-// inputs of up to kStreamingBytes. Measured in one process on H200 (codes and scales identical): 3-6% faster at 16M
-// elements whatever ran before; at 134M level when it follows a quantize, 7-9% slower when it follows a kernel that
-// writes a large new tensor (a clone or DeepSpeed's dequantize), so larger inputs load and store plainly. The hints on
-// the warp kernel's loads were +5% at 16M and -1.5 to -2% at 134M; a 256-byte L2 prefetch hint was level to -3%.
+// The one-round block kernel's loads and code stores carry cache-streaming hints (load_streaming / store_streaming,
+// formats.cuh) for inputs of up to kStreamingBytes. Measured in one process on H200 (codes and scales identical): 3-6%
+// faster at 16M elements whatever ran before; at 134M level when it follows a quantize, 7-9% slower when it follows a
+// kernel that writes a large new tensor (a clone or DeepSpeed's dequantize), so larger inputs load and store plainly.
+// The hints on the warp kernel's loads were +5% at 16M and -1.5 to -2% at 134M; a 256-byte L2 prefetch hint was level
+// to -3%.
 constexpr int64_t kStreamingBytes = int64_t(64) << 20;
-
-template <typename T>
-__device__ __forceinline__ T load_once(const T* p)
-{
-    return __ldcs(p);
-}
-
-template <typename T>
-__device__ __forceinline__ void store_once(T* p, T v)
-{
-    __stcs(p, v);
-}
 
 __device__ __forceinline__ uint32_t warp_max(uint32_t v)
 {
@@ -161,7 +150,7 @@ __device__ __forceinline__ void store_codes(const InPacket& packet, float multip
 #pragma unroll
     for (int j = 0; j < VEC; ++j) out.e[j] = quantize_value(values[j], multiplier);
     if constexpr (STREAM)
-        store_once(&target->raw[0], out.raw[0]);
+        store_streaming(&target->raw[0], out.raw[0]);
     else
         target->raw[0] = out.raw[0];
 }
@@ -169,8 +158,8 @@ __device__ __forceinline__ void store_codes(const InPacket& packet, float multip
 // ONE_ROUND: the group fits in one round of LOADS packets per thread, kept in registers; otherwise a first pass
 // reduces the absmax round by round and a second one reads the group again for the codes. The one-round kernel is a
 // separate instantiation because it needs fewer registers (42-43 against 46 for LOADS 4), which fits one more block
-// of 128 threads an SM. STREAM: the evict-first hints (kStreamingBytes); only with ONE_ROUND, whose loads are the only
-// ones of their bytes.
+// of 128 threads an SM. STREAM: the cache-streaming hints (kStreamingBytes); only with ONE_ROUND, whose loads are the
+// only ones of their bytes.
 template <typename Fmt, int VEC, bool ONE_ROUND, int LOADS, bool STREAM>
 __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fmt::Bits* __restrict__ input,
                                                                int8_t* __restrict__ codes,
@@ -202,7 +191,7 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fm
 #pragma unroll
             for (int r = 0; r < sizeof(cache[k].raw) / sizeof(cache[k].raw[0]); ++r)
                 cache[k].raw[r] = idx >= packets ? typename InPacket::RawType{}
-                                  : STREAM       ? load_once(&body[idx].raw[r])
+                                  : STREAM       ? load_streaming(&body[idx].raw[r])
                                                  : body[idx].raw[r];
         }
     };
