@@ -5,9 +5,10 @@ Three parts, each printed as ratios with their spread:
 - Bandwidth: effective GB/s (bytes a native kernel must move / time: input + int8 codes + fp32 scales for
   quantize, codes + scales + output for dequantize; a copy, x.clone(), moves the input's bytes in and out), for
   every dtype at 16M and 134M elements, in the groups DeepSpeed's heuristic picks and in groups of 2048. The
-  functions run interleaved: each trial times every one of them once (A B C ..., A B C ...), so a ratio compares
-  figures taken side by side; the spread is the min-max over trials. Inputs rotate over enough buffers to exceed
-  the L2 cache several times.
+  functions run interleaved: each trial times every one of them once, the order rotated by one each trial (A B C,
+  B C A, C A B, ...), so a ratio compares figures taken side by side and no function always follows the same one
+  (what ran before moved a kernel's figure by up to 9% on H200); the spread is the min-max over trials. Inputs
+  rotate over enough buffers to exceed the L2 cache several times.
 - Host overhead: wall time per call of ``ops.quantize`` / ``ops.dequantize`` (the path the patched DeepSpeed
   calls, checks included) against DeepSpeed's op called directly and our extension's entry points called directly
   (the native one that ops calls first, and the pybind one behind its Python table), back to back at 1M fp16
@@ -59,11 +60,14 @@ def time_per_call(fn, inputs, reps, trials=7, warmup=20):
 
 
 def interleaved(functions, reps, trials):
-    """{name: [seconds per call in each trial]}: every trial times each function once, in turn (CUDA events)."""
+    """{name: [seconds per call in each trial]}: every trial times each function once, in turn, starting one
+    function later than the trial before (CUDA events)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     samples = {name: [] for name in functions}
-    for _ in range(trials):
-        for name, (fn, inputs) in functions.items():
+    order = list(functions.items())
+    for trial in range(trials):
+        shift = trial % len(order)
+        for name, (fn, inputs) in order[shift:] + order[:shift]:
             start.record()
             for i in range(reps):
                 fn(inputs[i % len(inputs)])
@@ -269,7 +273,8 @@ def write_markdown(path, info, rows, host, build):
         "# Quantizer kernels on one GPU", "",
         f"GPU: {info['gpu']} · driver {info['driver']} · torch {info['torch']} · CUDA {info['cuda']} · "
         f"DeepSpeed {info['deepspeed']} · Python {info['python']} · commit {info['commit']}", "",
-        "Effective GB/s, median over interleaved trials (min-max): bytes a native kernel must move / time; "
+        "Effective GB/s, median over interleaved trials (each times every function once, the order rotated by one "
+        "each trial) with the min-max: bytes a native kernel must move / time; "
         "quantize = input + int8 codes + fp32 scales, dequantize = codes + scales + output. DeepSpeed = its "
         "compiled fp16 op on fp16 data of the same size and groups (the speed to match in every dtype). "
         "Copy = x.clone() of the input, bytes read and written. Ratios are taken trial by trial.", "",
