@@ -159,7 +159,9 @@ __device__ __forceinline__ void store_codes(const InPacket& packet, float multip
 // reduces the absmax round by round and a second one reads the group again for the codes. The one-round kernel is a
 // separate instantiation because it needs fewer registers (42-43 against 46 for LOADS 4), which fits one more block
 // of 128 threads an SM. STREAM: the cache-streaming hints (kStreamingBytes); only with ONE_ROUND, whose loads are the
-// only ones of their bytes.
+// only ones of their bytes. An instantiation for groups that fill the block exactly (no bounds or edge checks: 32
+// registers instead of 42 for 16-bit 4096-element groups) measured +1-2% in 16-bit at 16M, level at 134M and 5% slower
+// in fp32 at 16M, so it was not kept.
 template <typename Fmt, int VEC, bool ONE_ROUND, int LOADS, bool STREAM>
 __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fmt::Bits* __restrict__ input,
                                                                int8_t* __restrict__ codes,
