@@ -59,12 +59,12 @@ def _reduce_scatter_plain(tensors, world, rank, factor):
     rows = torch.zeros(world, sum(chunks), dtype=torch.float32, device=tensors[0].device)
     start = 0
     for tensor, chunk in zip(tensors, chunks):
-        if tensor.numel() == world * chunk:  # no padding: one copy straight into the rows
-            rows[:, start:start + chunk] = tensor.reshape(world, chunk)
-        else:
-            padded = torch.zeros(world * chunk, dtype=torch.float32, device=tensor.device)
-            padded[:tensor.numel()] = tensor.reshape(-1)
-            rows[:, start:start + chunk] = padded.view(world, chunk)
+        # Row r takes values [r * chunk, (r + 1) * chunk) straight from the tensor; what lies past its end stays zero.
+        flat = tensor.reshape(-1)
+        full, rest = divmod(tensor.numel(), chunk) if chunk else (0, 0)
+        rows[:full, start:start + chunk] = flat[:full * chunk].view(full, chunk)
+        if rest:
+            rows[full, start:start + rest] = flat[full * chunk:]
         start += chunk
     summed = torch.empty(rows.shape[1], dtype=torch.float32, device=rows.device)
     dist.reduce_scatter_fn(summed, rows.view(-1))
