@@ -68,10 +68,14 @@ def _reduce_scatter_plain(tensors, world, rank, factor):
         start += chunk
     summed = torch.empty(rows.shape[1], dtype=torch.float32, device=rows.device)
     dist.reduce_scatter_fn(summed, rows.view(-1))
+    # The mean's factor and each dtype's rounding once over the whole result (a few kernels, not two per tensor);
+    # every tensor gets a view of its own values, as reduce_scatter_coalesced hands out views of one buffer.
+    summed.mul_(factor)
+    rounded = {dtype: summed.to(dtype) for dtype in {t.dtype for t in tensors}}
     results, start = [], 0
     for tensor, chunk in zip(tensors, chunks):
         mine = _partition(tensor.numel(), world, rank)[1]
-        results.append((summed[start:start + mine] * factor).to(tensor.dtype))
+        results.append(rounded[tensor.dtype][start:start + mine])
         start += chunk
     return results
 

@@ -428,6 +428,11 @@ def main(spec_path):
     import deepspeed
     if spec["device"].startswith("cuda"):
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    if spec["device"] == "cuda-shared":
+        # DeepSpeed (0.19.8) binds the default group to the rank's GPU, after which torch 2.11 builds every new
+        # group by splitting the default one, which gloo cannot do: qgZ's all-to-all groups would fail. An
+        # unbound gloo group, set up first, is the one DeepSpeed then uses.
+        torch.distributed.init_process_group("gloo")
     deepspeed.init_distributed(dist_backend="nccl" if spec["device"] in ("cuda", "cuda-isolated") else "gloo")
     instruments = Instruments(spec.get("instruments"))
     results = {"deepspeed": deepspeed.__version__, "torch": torch.__version__, "report": str(report), "runs": {}}

@@ -45,6 +45,60 @@ def test_bert_bf16_qwz_and_mixz(device):
 
 CASES = [["bf16", [64, 96]], ["fp32", [64, 96]], ["fp16", [64, 96]]]
 QGZ_CHECK = "benchmarks._qgz_instruments"  # the harness instrument that runs a qgZ reduction and measures it
+# Where qgZ runs with the CUDA codec: every rank sees one GPU, so DeepSpeed counts each rank as a node. Sharing GPU 0
+# goes over gloo (any machine with a GPU), one GPU per rank over NCCL.
+QGZ_DEVICES = [
+    "cuda-shared",
+    pytest.param("cuda-isolated",
+                 marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs for NCCL"))
+]
+# (dtype, shape, quantized): the 4-bit path and the unquantized one (1-D, odd-sized, 0-d), one reduction each.
+MIXED_CASES = [["bf16", [64, 96], True], ["fp32", [257], False], ["fp16", [3, 1000], True], ["bf16", [7, 13], False],
+               ["fp16", [5], False], ["fp32", [], False]]
+
+
+@pytest.mark.parametrize("device", QGZ_DEVICES)
+def test_qgz_reduce_scatter_on_gpus_as_two_nodes(device):
+    """The CUDA codec and the unquantized fp32 path, one reduction per case: every rank's partition within the
+    4-bit bound of the exact mean (one stage: 1/14 of the largest value, plus the final rounding), unquantized ones
+    the exact mean rounded once; each in its own dtype, every rank with its chunk."""
+    result = run_job(
+        {
+            "model": "bert",
+            "dtype": "bf16",
+            "patch": True,
+            "runs": [{
+                "name": "mixed",
+                "qgz_check": True,
+                "cases": [case[:2] for case in MIXED_CASES]
+            }],
+            "instruments": QGZ_CHECK
+        },
+        device=device)
+    cases = result["runs"]["mixed"]["cases"]
+    assert [c["quantized"] for c in cases] == [quantized for _, _, quantized in MIXED_CASES]
+    for case in cases:
+        assert case["finite"] and case["numel"] == case["expected_numel"] and case["every_rank_numel_right"], case
+        if case["quantized"]:
+            assert case["max_error_of_largest"] <= 1 / 14 + 2**-8 and case["rms_error_of_rms"] <= 0.2, case
+        else:
+            assert case["error_of_rounded_mean"] <= 1e-6, case
+
+
+@pytest.mark.parametrize("device", QGZ_DEVICES)
+def test_bert_bf16_training_with_qgz(device):
+    """qgZ and qwZ training on GPUs as 2 nodes: dtype at every forward, loss close to the unquantized run (4-bit
+    gradients: the CPU tier's band), weight matrices reduced in 4 bits, biases and norms unquantized."""
+    runs = [{"name": "baseline"}, {"name": "qgz", "quantized_gradients": True, "quantized": True}]
+    spec = {"model": "bert", "dtype": "bf16", "patch": True, "steps": 5, "seed": 0, "runs": runs}
+    result = run_job(spec, world_size=2, timeout=600, device=device)
+    assert_trained_like_baseline(result,
+                                 "qgz",
+                                 "quantized_bucket_gathers",
+                                 steps=5,
+                                 tolerance=lambda ref: 0.05 + 0.05 * ref)
+    counts = result["runs"]["qgz"]["counts"]
+    assert counts.get("gradients_reduced_in_4_bits", 0) > 0 and counts.get("unquantized_gradient_batches", 0) > 0
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs for NCCL")
