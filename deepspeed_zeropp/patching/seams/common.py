@@ -36,7 +36,7 @@ def bucket_dtype(dtypes):
 
 def restore_dtypes(params, dtypes):
     for param, dtype in zip(params, dtypes):
-        if param.data.dtype != dtype:
+        if param.dtype != dtype:  # the same as param.data's, without making a tensor per check
             param.data = param.data.to(dtype)
 
 
