@@ -1,7 +1,12 @@
-"""qgZ on 2 GPUs as 2 nodes (NCCL, each rank sees only its GPU): accuracy against the exact mean and time per
-reduce-scatter, ours vs DeepSpeed's kernels, per gradient dtype. Writes benchmarks/results/qgz_gpu.{json,md}.
+"""qgZ with 2 ranks as 2 nodes: accuracy against the exact mean and time per reduce-scatter, ours vs DeepSpeed's
+kernels, per gradient dtype. Writes benchmarks/results/qgz_gpu.{json,md}, or qgz_gpu_shared.{json,md} with
+``--device cuda-shared``.
 
-    python benchmarks/qgz_gpu.py [--out DIR]     (on a host with 2 GPUs and DeepSpeed importable)
+    python benchmarks/qgz_gpu.py [--out DIR] [--device cuda-isolated|cuda-shared]   (DeepSpeed importable)
+
+``cuda-isolated`` (default, 2 GPUs): each rank sees only its GPU, NCCL. ``cuda-shared`` (1 GPU): both ranks on GPU 0
+over gloo, which stages every all-to-all through host memory: the errors are the same as over NCCL, the times are
+gloo's and only compare ours with DeepSpeed's within that table.
 """
 import argparse
 import json
@@ -14,9 +19,14 @@ from deepspeed_zeropp.bench import commit  # noqa: E402
 
 CASES = [[dtype, [4096, 4096]] for dtype in ("fp16", "bf16", "fp32")] + [["bf16", [4096, 4096]]]
 
+TRANSPORTS = {
+    "cuda-isolated": ("2 GPUs", "NCCL", "qgz_gpu"),
+    "cuda-shared": ("one GPU", "gloo", "qgz_gpu_shared")
+}
 
-def measure():
-    results = {}
+
+def measure(device):
+    results = {"device": device}
     for label, patch in (("ours", True), ("deepspeed", False)):
         runs = [{
             "name": f"{dtype}",
@@ -33,22 +43,26 @@ def measure():
                 "runs": runs,
                 "instruments": "benchmarks._qgz_instruments"
             },
-            device="cuda-isolated",
+            device=device,
             timeout=400)
         results[label] = {"deepspeed": job["deepspeed"], "torch": job["torch"], "runs": job["runs"]}
     return results
 
 
 def render(results):
+    where, transport, _ = TRANSPORTS[results.get("device", "cuda-isolated")]
     lines = [
-        f"# qgZ on 2 H200 GPUs as 2 nodes (NCCL), DeepSpeed {results['ours']['deepspeed']}, torch "
+        f"# qgZ on {where}, 2 ranks as 2 nodes ({transport}), DeepSpeed {results['ours']['deepspeed']}, torch "
         f"{results['ours']['torch']}", "", f"Commit {results.get('commit', 'unknown')}.", "",
         "Gradient [4096, 4096] per rank; error of this rank's partition "
         "against the exact mean of both ranks' gradients (fp64). Time: median of 20 calls after 3 warm-ups, "
         "all-to-alls included.", "", "Ours: the qgZ CUDA kernels (csrc/qgz.cu). With one GPU per node there is "
         "no node-local sum, so ours rounds to 4 bits once; DeepSpeed quantizes and dequantizes through its "
         "node-local stage anyway (two roundings), hence its larger error on fp16. DeepSpeed reads bf16 and fp32 "
-        "gradients as fp16 bits and returns fp16.", "",
+        "gradients as fp16 bits and returns fp16.", "", *([
+            "Both ranks share one GPU and gloo stages every all-to-all through host memory: the errors are as over "
+            "NCCL, the times are gloo's (compare ours with DeepSpeed's here only).", ""
+        ] if transport == "gloo" else []),
         "| gradient | implementation | result dtype | finite | max error / max abs | RMS error / RMS | ms |",
         "|---|---|---|---|---|---|---|"
     ]
@@ -68,12 +82,14 @@ def render(results):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument("--device", choices=sorted(TRANSPORTS), default="cuda-isolated")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    results = measure()
+    results = measure(args.device)
     results["commit"] = commit()
-    (args.out / "qgz_gpu.json").write_text(json.dumps(results, indent=1))
-    (args.out / "qgz_gpu.md").write_text(render(results))
+    stem = TRANSPORTS[args.device][2]
+    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+    (args.out / f"{stem}.md").write_text(render(results))
     print(render(results))
 
 
