@@ -85,4 +85,74 @@ def qgz_check(job):
     return {"cases": report}
 
 
-RUNNERS = {"qgz_check": qgz_check}
+def qgz_batches(job):
+    """One call's gradients (``qgz_batches``: [dtype name, shape] pairs, 4-bit and unquantized mixed) reduced with
+    their 4-bit all-to-alls shared in batches, against one call per gradient: the number of mismatching results
+    (bit patterns) per batch limit, the worst rank's, with LoCo's error buffers (random at the start, the same for
+    every variant) compared too when ``loco`` is set; and the all-to-alls and batches each variant made."""
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.utils import groups
+    from deepspeed_zeropp import qgz
+    from deepspeed_zeropp.formats.int4 import Feedback, weights
+    from deepspeed_zeropp.loco import error_sizes
+    run, device = job.run, get_accelerator().current_device_name()
+    all_to_all_groups = groups._get_local_all_to_all_group()
+    topology = qgz.topology()
+    world, local_size = topology[:2]
+    generator = torch.Generator().manual_seed(1000 + job.rank)
+    gradients = [
+        torch.randn(shape, generator=generator).to(DTYPES[name]).to(device) for name, shape in run["qgz_batches"]
+    ]
+    starting_errors = [
+        [torch.randn(n, generator=generator).to(device)
+         for n in error_sizes(g.numel(), world, local_size)] if qgz.quantizes(g, world) else None for g in gradients
+    ]
+    beta, keep = weights(0.8)
+
+    def variant(limit, one_by_one):
+        """(results, final errors, all-to-alls made) with batches of at most ``limit`` bytes."""
+        errors = [[e.clone() for e in pair] if pair else None for pair in starting_errors]
+        feedbacks = [(Feedback(pair[0], beta, keep),
+                      Feedback(pair[1], beta, keep) if local_size > 1 else None) if pair and run.get("loco") else None
+                     for pair in errors]
+        calls, original, saved = [], qgz._all_to_all, qgz.BATCH_BYTES
+        qgz._all_to_all = lambda blocks, group: calls.append(1) or original(blocks, group)
+        qgz.BATCH_BYTES = limit
+        try:
+            if one_by_one:
+                results = [
+                    qgz.reduce_scatter([g], all_to_all_groups, topology, [f])[0] for g, f in zip(gradients, feedbacks)
+                ]
+            else:
+                results = qgz.reduce_scatter(gradients, all_to_all_groups, topology, feedbacks)
+        finally:
+            qgz._all_to_all, qgz.BATCH_BYTES = original, saved
+        return results, [e for pair in errors if pair for e in pair], len(calls)
+
+    def mismatches(first, second):
+        return [
+            i for i, (a, b) in enumerate(zip(first, second))
+            if not torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        ]
+
+    four_bit = [i for i, g in enumerate(gradients) if qgz.quantizes(g, world)]
+    sizes = [world * qgz.block_bytes(1, qgz.padded_chunk_of(gradients[i].numel(), world)) for i in four_bit]
+    limits = {"default": qgz.BATCH_BYTES, "two_largest": sum(sorted(sizes)[-2:]), "one": 1}
+    reference, reference_errors, _ = variant(qgz.BATCH_BYTES, one_by_one=True)
+    report = {}
+    for label, limit in limits.items():
+        results, errors, calls = variant(limit, one_by_one=False)
+        # The 4-bit results only: the unquantized ones' fp32 reduce-scatter sums in an order that may depend on what
+        # else it carries (gloo), so they agree up to fp32 summation (qgz_check), not bit for bit.
+        wrong = len(mismatches([results[i] for i in four_bit], [reference[i] for i in four_bit]))
+        if run.get("loco"):
+            wrong += len(mismatches(errors, reference_errors))
+        worst = torch.tensor([wrong], device=gradients[0].device)
+        torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX)
+        report[label] = dict(mismatches=int(worst.item()),
+                             all_to_alls=calls,
+                             batches=len(list(qgz._batches(sizes, limit))))
+    return {"quantized": len(sizes), "stages": 1 if local_size == 1 else 2, "variants": report}
+
+
+RUNNERS = {"qgz_check": qgz_check, "qgz_batches": qgz_batches}

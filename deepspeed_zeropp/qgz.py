@@ -10,6 +10,9 @@ CUDA tensors, bit for bit the same).
 Layout: rank r = node * L + local owns chunk r of the flattened gradient (as ``reduce_scatter_coalesced``), and the
 result is the mean over all ranks, as there. Chunks are padded to whole 4-bit groups with zeros. With one rank per
 node (L = 1) there is no node-local sum to take, so the node-local all-to-all and its 4-bit rounding are skipped.
+Upstream sends each gradient in its own all-to-alls; here the 4-bit gradients of one call share them, in batches
+(``BATCH_BYTES``): each stage's blocks are concatenated per peer, exchanged once and split again. The values are the
+same either way.
 
 Which tensors go in 4 bits: as upstream, only tensors of 2 or more dimensions whose numel is a multiple of
 2 x world. The others (1-D biases and norms, 0-d, empty and odd-sized tensors: mostly few values, where 4-bit
@@ -23,7 +26,12 @@ import math
 import torch
 
 from . import backends
-from .formats.int4 import GROUP
+from .formats.int4 import GROUP, block_bytes
+
+# qgZ's all-to-alls carry several gradients' blocks at once, up to this many bytes sent per rank (a gradient larger
+# than that goes alone): one collective per batch rather than one per gradient and stage (each a launch and a round
+# trip), with the batch's send and receive buffers bounded.
+BATCH_BYTES = 64 << 20
 
 
 def _codec(device):
@@ -80,28 +88,79 @@ def _reduce_scatter_plain(tensors, world, rank, factor):
     return results
 
 
-def _reduce_scatter_one(gradient, topology, groups, feedback=None):
-    """This rank's mean-reduced chunk of one gradient through the 4-bit stages; ``feedback`` (LoCo): None, or the
-    error feedback of the first and of the second quantization (``int4.Feedback``; the second is None with one
-    rank per node, where the gradient is quantized once)."""
+def _encode(gradient, topology, feedback=None):
+    """The blocks ``gradient`` sends in qgZ's first all-to-all; ``feedback`` (LoCo): None, or the error feedback of
+    the first and of the second quantization (``int4.Feedback``; the second is None with one rank per node, where
+    the gradient is quantized once)."""
+    world, local_size, nodes = topology[:3]
+    numel = gradient.numel()
+    flat = gradient.reshape(-1).contiguous()
+    first = feedback[0] if feedback else None
+    # One rank per node: block d (chunk d) goes straight to node d. Otherwise local peer j gets row m = chunk
+    # m * L + j, for every node m.
+    destinations, rows = (nodes, 1) if local_size == 1 else (local_size, nodes)
+    return _codec(gradient.device).qgz_encode(flat, destinations, rows,
+                                              _partition(numel, world, 0)[0], padded_chunk_of(numel, world), first)
+
+
+def _exchange(blocks, group):
+    """One all-to-all for several gradients' blocks (``[peers, bytes]`` each; the list is emptied, so that only the
+    concatenation stays alive): row p of their concatenation goes to peer p. Returns each gradient's received blocks,
+    ``[sources, bytes]``, contiguous."""
+    if len(blocks) == 1:
+        return [_all_to_all(blocks.pop(), group)]
+    widths = [b.shape[1] for b in blocks]
+    sent = torch.cat(blocks, dim=1)
+    blocks.clear()
+    return [part.contiguous() for part in _all_to_all(sent, group).split(widths, dim=1)]
+
+
+def _reduce_scatter_batch(gradients, feedbacks, topology, groups):
+    """This rank's mean-reduced chunk of each gradient through the 4-bit stages, every stage's all-to-all shared by
+    the whole batch."""
     world, local_size, nodes, rank, factor = topology
     node, local = divmod(rank, local_size)
-    codec = _codec(gradient.device)
-    chunk, mine = _partition(gradient.numel(), world, rank)
-    padded_chunk = padded_chunk_of(gradient.numel(), world)
-    flat = gradient.reshape(-1).contiguous()
-    first, second = feedback or (None, None)
-    if local_size == 1:
-        # One rank per node: block d (chunk d) goes straight to node d.
-        blocks = codec.qgz_encode(flat, nodes, 1, chunk, padded_chunk, first)
-    else:
-        # Stage 1, inside the node: local peer j gets row m = chunk m * L + j, for every node m; it sums what its
-        # peers sent and re-encodes one row per node.
-        blocks = codec.qgz_encode(flat, local_size, nodes, chunk, padded_chunk, first)
-        blocks = codec.qgz_reduce_encode(_all_to_all(blocks, groups[f"local_{node}"]), nodes, padded_chunk, second)
-    # Stage 2, across nodes (ranks with the same local index): node m gets the node sums of its chunk.
-    received = _all_to_all(blocks, groups[f"global_{local}"])
-    return codec.qgz_decode_sum(received, padded_chunk, mine, factor, gradient.dtype)
+    codec = _codec(gradients[0].device)
+    padded = [padded_chunk_of(g.numel(), world) for g in gradients]
+    blocks = [_encode(g, topology, f) for g, f in zip(gradients, feedbacks)]
+    if local_size > 1:
+        # Each local peer sums what its peers sent and re-encodes one row per node.
+        received = _exchange(blocks, groups[f"local_{node}"])
+        blocks = [
+            codec.qgz_reduce_encode(r, nodes, p, f[1] if f else None) for r, p, f in zip(received, padded, feedbacks)
+        ]
+        del received
+    # Across nodes (ranks with the same local index): node m gets the node sums of its chunk.
+    received = _exchange(blocks, groups[f"global_{local}"])
+    return [
+        codec.qgz_decode_sum(r, p,
+                             _partition(g.numel(), world, rank)[1], factor, g.dtype)
+        for r, p, g in zip(received, padded, gradients)
+    ]
+
+
+def _batches(sizes, limit):
+    """Consecutive runs of indices whose sizes add up to at most ``limit`` (an item larger than it alone)."""
+    batch, total = [], 0
+    for index, size in enumerate(sizes):
+        if batch and total + size > limit:
+            yield batch
+            batch, total = [], 0
+        batch.append(index)
+        total += size
+    if batch:
+        yield batch
+
+
+def _reduce_scatter_quantized(gradients, feedbacks, topology, groups):
+    """:func:`_reduce_scatter_batch` over batches of at most ``BATCH_BYTES`` sent per rank."""
+    world = topology[0]
+    sizes = [world * block_bytes(1, padded_chunk_of(g.numel(), world)) for g in gradients]
+    results = []
+    for batch in _batches(sizes, BATCH_BYTES):
+        results += _reduce_scatter_batch([gradients[i] for i in batch], [feedbacks[i] for i in batch], topology,
+                                         groups)
+    return results
 
 
 def topology():
@@ -120,14 +179,20 @@ def padded_chunk_of(numel, world):
 
 def reduce_scatter(tensors, groups, topology, feedbacks=None):
     """This rank's mean-reduced partition of every tensor (4-bit or unquantized: see :func:`quantizes`);
-    ``feedbacks``: None, or one entry per tensor for :func:`_reduce_scatter_one` (ignored for unquantized ones)."""
+    ``feedbacks``: None, or one entry per tensor for :func:`_encode` (ignored for unquantized ones)."""
     world, _, _, rank, factor = topology
     feedbacks = feedbacks or [None] * len(tensors)
-    unquantized = iter(_reduce_scatter_plain([t for t in tensors if not quantizes(t, world)], world, rank, factor))
-    return [
-        _reduce_scatter_one(t, topology, groups, f) if quantizes(t, world) else next(unquantized)
-        for t, f in zip(tensors, feedbacks)
-    ]
+    four_bit = [i for i, t in enumerate(tensors) if quantizes(t, world)]
+    plain = [i for i, t in enumerate(tensors) if not quantizes(t, world)]
+    results = [None] * len(tensors)
+    for i, result in zip(plain, _reduce_scatter_plain([tensors[i] for i in plain], world, rank, factor)):
+        results[i] = result
+    if four_bit:
+        reduced = _reduce_scatter_quantized([tensors[i] for i in four_bit], [feedbacks[i] for i in four_bit], topology,
+                                            groups)
+        for i, result in zip(four_bit, reduced):
+            results[i] = result
+    return results
 
 
 @torch.no_grad()

@@ -35,7 +35,7 @@ WORK = {
     "deepspeed_zeropp.patching.seams.gathers": ("dequant_target", "restore_dtypes", "_float_partition_views"),
     "deepspeed_zeropp.patching.seams.partitions":
     ("deferring_quantize", "_zero_padding", "quantize_nontrainable_params"),
-    "deepspeed_zeropp.qgz": ("_reduce_scatter_one", ),
+    "deepspeed_zeropp.qgz": ("_encode", ),
 }
 
 # (kind, weak reference) of what the engines of finished runs held

@@ -86,6 +86,31 @@ def test_qgz_reduce_scatter_on_gpus_as_two_nodes(device):
 
 
 @pytest.mark.parametrize("device", QGZ_DEVICES)
+def test_shared_all_to_alls_change_no_bit_on_gpus(device):
+    """The CUDA codec with LoCo's feedback: a call's 4-bit gradients sharing each all-to-all, in one batch, two, or
+    one per gradient, give the results and error buffers of one call per gradient, bit for bit."""
+    result = run_job(
+        {
+            "model": "bert",
+            "dtype": "bf16",
+            "patch": True,
+            "runs": [{
+                "name": "batches",
+                "qgz_batches": [case[:2] for case in MIXED_CASES],
+                "loco": True
+            }],
+            "instruments": QGZ_CHECK
+        },
+        device=device)
+    run = result["runs"]["batches"]
+    assert "error" not in run, run
+    variants = run["variants"]
+    assert [variants[name]["batches"] for name in ("default", "two_largest", "one")] == [1, 1, 2], variants
+    for variant in variants.values():
+        assert variant["mismatches"] == 0 and variant["all_to_alls"] == variant["batches"], variants
+
+
+@pytest.mark.parametrize("device", QGZ_DEVICES)
 def test_bert_bf16_training_with_qgz(device):
     """qgZ and qwZ training on GPUs as 2 nodes: dtype at every forward, loss close to the unquantized run (4-bit
     gradients: the CPU tier's band), weight matrices reduced in 4 bits, biases and norms unquantized."""

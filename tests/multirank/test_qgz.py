@@ -58,6 +58,36 @@ def test_reduce_scatter_within_4bit_bound(world_size, local_size):
     assert [c["quantized"] for c in result["runs"]["beyond_fp16"]["cases"]] == [True, False]
 
 
+@pytest.mark.parametrize("world_size,local_size", [(2, 1), (4, 2)], ids=["2x1", "2x2"])
+@pytest.mark.parametrize("loco", [False, True], ids=["qgz", "loco"])
+def test_shared_all_to_alls_change_no_bit(world_size, local_size, loco):
+    """A call's 4-bit gradients share each stage's all-to-all, in batches of at most qgz.BATCH_BYTES: results (and
+    LoCo's updated error buffers) bit for bit those of one call per gradient, with one batch, several, or one per
+    gradient; and one all-to-all per batch and stage."""
+    result = run_job(
+        {
+            "model": "bert",
+            "dtype": "bf16",
+            "patch": True,
+            "runs": [{
+                "name": "batches",
+                "qgz_batches": [case[:2] for case in CASES],
+                "loco": loco
+            }],
+            "instruments": "benchmarks._qgz_instruments"
+        },
+        world_size=world_size,
+        local_size=local_size,
+        timeout=600)
+    run = result["runs"]["batches"]
+    assert "error" not in run, run
+    quantized, variants = run["quantized"], run["variants"]
+    assert quantized == sum(q for _, _, q in CASES)
+    assert [variants[name]["batches"] for name in ("default", "two_largest", "one")] == [1, 2, quantized], variants
+    for variant in variants.values():
+        assert variant["mismatches"] == 0 and variant["all_to_alls"] == variant["batches"] * run["stages"], variants
+
+
 def test_training_with_quantized_gradients_and_weights():
     """bf16 BERT with qgZ (and qwZ) on 2 nodes: loss close to the unquantized run, qgZ really called, with the
     weight matrices in 4 bits and the biases and norms (1-D) unquantized. 4-bit
