@@ -19,10 +19,7 @@ from deepspeed_zeropp.bench import commit  # noqa: E402
 
 CASES = [[dtype, [4096, 4096]] for dtype in ("fp16", "bf16", "fp32")] + [["bf16", [4096, 4096]]]
 
-TRANSPORTS = {
-    "cuda-isolated": ("2 GPUs", "NCCL", "qgz_gpu"),
-    "cuda-shared": ("one GPU", "gloo", "qgz_gpu_shared")
-}
+TRANSPORTS = {"cuda-isolated": ("2 GPUs", "NCCL", "qgz_gpu"), "cuda-shared": ("one GPU", "gloo", "qgz_gpu_shared")}
 
 
 def measure(device):

@@ -132,11 +132,8 @@ def _reduce_scatter_batch(gradients, feedbacks, topology, groups):
         del received
     # Across nodes (ranks with the same local index): node m gets the node sums of its chunk.
     received = _exchange(blocks, groups[f"global_{local}"])
-    return [
-        codec.qgz_decode_sum(r, p,
-                             _partition(g.numel(), world, rank)[1], factor, g.dtype)
-        for r, p, g in zip(received, padded, gradients)
-    ]
+    mine = [_partition(g.numel(), world, rank)[1] for g in gradients]
+    return [codec.qgz_decode_sum(*args, factor, g.dtype) for *args, g in zip(received, padded, mine, gradients)]
 
 
 def _batches(sizes, limit):

@@ -73,9 +73,10 @@ def run_job(spec, world_size=2, timeout=600, env=None, device="cpu", local_size=
     """Run ``spec`` (see worker.py) on ``world_size`` local ranks; return rank 0's results dict.
 
     ``device``: "cpu" (DeepSpeed's CPU accelerator, gloo), "cuda-shared" (every rank on GPU 0, gloo: several
-    ranks on a one-GPU machine, NCCL refuses that; each rank sees one device, so each is its own node), "cuda" (one GPU per rank, NCCL) or "cuda-isolated" (as "cuda",
-    but each rank sees only its own GPU, so every rank is its own node: how qgZ runs on one host). Raises JobFailed with the
-    ranks' output tails if a rank crashes, hangs past ``timeout`` seconds, or rank 0 writes no result.
+    ranks on a one-GPU machine, NCCL refuses that; each rank sees one device, so each is its own node and qgZ
+    runs), "cuda" (one GPU per rank, NCCL) or "cuda-isolated" (as "cuda", but each rank sees only its own GPU, so
+    every rank is its own node: how qgZ runs on one host over NCCL). Raises JobFailed with the ranks' output tails
+    if a rank crashes, hangs past ``timeout`` seconds, or rank 0 writes no result.
     ``spec["instruments"]``: modules importable here whose hooks the ranks run (worker.py).
     ``local_size``: ranks per "node" on CPU (DeepSpeed's CPU accelerator counts devices from LOCAL_SIZE); fewer
     than ``world_size`` makes several nodes, which is when ZeRO++ qgZ runs."""
