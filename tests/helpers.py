@@ -42,6 +42,22 @@ def assert_trained_like_baseline(result,
         assert abs(quantized - reference) <= tolerance(reference), (step, run["losses"], baseline["losses"])
 
 
+def assert_shared_all_to_alls_change_no_bit(cases, loco, batches, **job):
+    """Runs benchmarks/_qgz_instruments.qgz_batches on ``cases`` ([dtype name, shape] pairs) with ``run_job``'s
+    ``job`` arguments: every batch limit's 4-bit results (and LoCo's error buffers) bit for bit those of one call
+    per gradient, ``batches`` the batch counts of the default, two-largest and one-byte limits, and one all-to-all
+    per batch and stage."""
+    from deepspeed_zeropp._harness.launch import run_job
+    spec = {"model": "bert", "dtype": "bf16", "patch": True, "instruments": "benchmarks._qgz_instruments"}
+    result = run_job(dict(spec, runs=[{"name": "batches", "qgz_batches": cases, "loco": loco}]), **job)
+    run = result["runs"]["batches"]
+    assert "error" not in run, run
+    variants = run["variants"]
+    assert [variants[name]["batches"] for name in ("default", "two_largest", "one")] == batches, variants
+    for variant in variants.values():
+        assert variant["mismatches"] == 0 and variant["all_to_alls"] == variant["batches"] * run["stages"], variants
+
+
 def assert_bitwise(actual, expected):
     """Equal bit patterns, with any NaN matching any NaN (the wire format only promises 'NaN')."""
     assert actual.dtype == expected.dtype and actual.shape == expected.shape

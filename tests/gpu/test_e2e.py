@@ -8,7 +8,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from deepspeed_zeropp._harness.launch import run_job  # noqa: E402
-from tests.helpers import assert_trained_like_baseline  # noqa: E402
+from tests.helpers import assert_shared_all_to_alls_change_no_bit, assert_trained_like_baseline  # noqa: E402
 
 RUNS = [{
     "name": "baseline"
@@ -89,25 +89,7 @@ def test_qgz_reduce_scatter_on_gpus_as_two_nodes(device):
 def test_shared_all_to_alls_change_no_bit_on_gpus(device):
     """The CUDA codec with LoCo's feedback: a call's 4-bit gradients sharing each all-to-all, in one batch, two, or
     one per gradient, give the results and error buffers of one call per gradient, bit for bit."""
-    result = run_job(
-        {
-            "model": "bert",
-            "dtype": "bf16",
-            "patch": True,
-            "runs": [{
-                "name": "batches",
-                "qgz_batches": [case[:2] for case in MIXED_CASES],
-                "loco": True
-            }],
-            "instruments": QGZ_CHECK
-        },
-        device=device)
-    run = result["runs"]["batches"]
-    assert "error" not in run, run
-    variants = run["variants"]
-    assert [variants[name]["batches"] for name in ("default", "two_largest", "one")] == [1, 1, 2], variants
-    for variant in variants.values():
-        assert variant["mismatches"] == 0 and variant["all_to_alls"] == variant["batches"], variants
+    assert_shared_all_to_alls_change_no_bit([case[:2] for case in MIXED_CASES], True, [1, 1, 2], device=device)
 
 
 @pytest.mark.parametrize("device", QGZ_DEVICES)

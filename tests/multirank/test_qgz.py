@@ -6,7 +6,7 @@ qgZ only runs when world_size // device_count > 1; on DeepSpeed's CPU accelerato
 import pytest
 
 from deepspeed_zeropp._harness.launch import run_job
-from tests.helpers import assert_trained_like_baseline
+from tests.helpers import assert_shared_all_to_alls_change_no_bit, assert_trained_like_baseline
 from tests.qgz_sim import bound_of_largest
 
 # (dtype, shape, quantized): as upstream, only tensors of >= 2 dimensions whose numel is a multiple of 2 x world
@@ -64,28 +64,12 @@ def test_shared_all_to_alls_change_no_bit(world_size, local_size, loco):
     """A call's 4-bit gradients share each stage's all-to-all, in batches of at most qgz.BATCH_BYTES: results (and
     LoCo's updated error buffers) bit for bit those of one call per gradient, with one batch, several, or one per
     gradient; and one all-to-all per batch and stage."""
-    result = run_job(
-        {
-            "model": "bert",
-            "dtype": "bf16",
-            "patch": True,
-            "runs": [{
-                "name": "batches",
-                "qgz_batches": [case[:2] for case in CASES],
-                "loco": loco
-            }],
-            "instruments": "benchmarks._qgz_instruments"
-        },
-        world_size=world_size,
-        local_size=local_size,
-        timeout=600)
-    run = result["runs"]["batches"]
-    assert "error" not in run, run
-    quantized, variants = run["quantized"], run["variants"]
-    assert quantized == sum(q for _, _, q in CASES)
-    assert [variants[name]["batches"] for name in ("default", "two_largest", "one")] == [1, 2, quantized], variants
-    for variant in variants.values():
-        assert variant["mismatches"] == 0 and variant["all_to_alls"] == variant["batches"] * run["stages"], variants
+    quantized = sum(q for _, _, q in CASES)
+    assert_shared_all_to_alls_change_no_bit([case[:2] for case in CASES],
+                                            loco, [1, 2, quantized],
+                                            world_size=world_size,
+                                            local_size=local_size,
+                                            timeout=600)
 
 
 def test_training_with_quantized_gradients_and_weights():
