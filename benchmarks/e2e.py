@@ -91,6 +91,11 @@ def parse_args(argv=None):
     parser.add_argument("--batch", type=int, default=8, help="micro-batch per rank")
     parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--reduce-bucket",
+                        type=int,
+                        default=2**22,
+                        help="DeepSpeed's reduce_bucket_size, elements (its own default: 5e8; qgZ reduces a bucket "
+                        "per call, so larger buckets let more gradients share its all-to-alls)")
     parser.add_argument("--deadline",
                         type=float,
                         default=540,
@@ -134,9 +139,9 @@ def spec_of(args, runs):
     }
 
 
-def run_of(key, **extra):
+def run_of(args, key, **extra):
     label, patched, options = CONFIGS[key]
-    return dict(options, name=key, patch=patched, zero_init="config", **extra)
+    return dict(options, name=key, patch=patched, zero_init="config", reduce_bucket_size=args.reduce_bucket, **extra)
 
 
 def order_of(args, rep):
@@ -348,7 +353,8 @@ def markdown(args, result):
         f"Link settings: {', '.join(f'{k}={v}' for k, v in env['link_env'].items()) or 'defaults'}.", "",
         f"Model: GPT-2 architecture, {model['layers']} layers, width {model['width']}, {model['heads']} heads, "
         f"vocab {args.vocab}, {size(model['parameters'])} parameters, {args.dtype}, built under zero.Init; "
-        f"sequence {args.seq}, micro-batch {args.batch} per rank, 2 ranks as 2 nodes, AdamW lr {args.lr}. "
+        f"sequence {args.seq}, micro-batch {args.batch} per rank, 2 ranks as 2 nodes, AdamW lr {args.lr}, "
+        f"reduce buckets of {args.reduce_bucket} elements. "
         f"{len(result['reps'])} repetitions (one job each, configurations interleaved in the order below"
         f"{', rotated by one each repetition' if args.rotate else ''}), "
         f"{args.steps} timed steps per run after {args.warmup} untimed.", "",
@@ -548,7 +554,7 @@ def profile(args, left, commit):
     steps = args.steps
     args.steps = 3
     try:
-        runs = [run_of(key, profile={"path": str(tables[key]), "steps": 3}) for key in args.profile]
+        runs = [run_of(args, key, profile={"path": str(tables[key]), "steps": 3}) for key in args.profile]
         out = job(args, runs, timeout=left)
     finally:
         args.steps = steps
@@ -599,7 +605,7 @@ def main(argv=None):
         # A hung run (a rank stuck in a collective) must not use up the time left: twice the last repetition.
         timeout = left if last is None else min(left, 2 * last + 60)
         try:
-            out = job(args, [run_of(key) for key in order_of(args, rep)], timeout=max(30, int(timeout)))
+            out = job(args, [run_of(args, key) for key in order_of(args, rep)], timeout=max(30, int(timeout)))
             reps.append(out)
         except launch.JobFailed as error:  # keep the runs it finished
             reps.append(dict(error.partial or {"runs": {}}, job_error=str(error)[-4000:]))

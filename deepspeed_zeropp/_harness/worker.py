@@ -34,7 +34,8 @@ def ds_config(run, dtype, batch_size=4):
     zero = {
         "stage": 3,
         "stage3_param_persistence_threshold": 0,  # every parameter is gathered, so every one is quantized
-        "reduce_bucket_size": 2**22,  # the defaults (5e8 elements) are far larger than these models
+        # DeepSpeed's default (5e8 elements) is far larger than these models; a run may set its own
+        "reduce_bucket_size": run.get("reduce_bucket_size", 2**22),
         "zero_quantized_weights": run.get("quantized", False),
         "zero_quantized_nontrainable_weights": run.get("quantized_nontrainable", False),
     }
