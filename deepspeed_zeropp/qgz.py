@@ -88,19 +88,18 @@ def _reduce_scatter_plain(tensors, world, rank, factor):
     return results
 
 
-def _encode(gradient, topology, feedback=None):
+def _encode(gradient, topology, padded_chunk, feedback=None):
     """The blocks ``gradient`` sends in qgZ's first all-to-all; ``feedback`` (LoCo): None, or the error feedback of
     the first and of the second quantization (``int4.Feedback``; the second is None with one rank per node, where
     the gradient is quantized once)."""
     world, local_size, nodes = topology[:3]
-    numel = gradient.numel()
     flat = gradient.reshape(-1).contiguous()
     first = feedback[0] if feedback else None
     # One rank per node: block d (chunk d) goes straight to node d. Otherwise local peer j gets row m = chunk
     # m * L + j, for every node m.
     destinations, rows = (nodes, 1) if local_size == 1 else (local_size, nodes)
     return _codec(gradient.device).qgz_encode(flat, destinations, rows,
-                                              _partition(numel, world, 0)[0], padded_chunk_of(numel, world), first)
+                                              _partition(flat.numel(), world, 0)[0], padded_chunk, first)
 
 
 def _exchange(blocks, group):
@@ -115,14 +114,13 @@ def _exchange(blocks, group):
     return [part.contiguous() for part in _all_to_all(sent, group).split(widths, dim=1)]
 
 
-def _reduce_scatter_batch(gradients, feedbacks, topology, groups):
-    """This rank's mean-reduced chunk of each gradient through the 4-bit stages, every stage's all-to-all shared by
-    the whole batch."""
+def _reduce_scatter_batch(gradients, padded, feedbacks, topology, groups):
+    """This rank's mean-reduced chunk of each gradient (``padded``: each one's padded chunk) through the 4-bit
+    stages, every stage's all-to-all shared by the whole batch."""
     world, local_size, nodes, rank, factor = topology
     node, local = divmod(rank, local_size)
     codec = _codec(gradients[0].device)
-    padded = [padded_chunk_of(g.numel(), world) for g in gradients]
-    blocks = [_encode(g, topology, f) for g, f in zip(gradients, feedbacks)]
+    blocks = [_encode(g, topology, p, f) for g, p, f in zip(gradients, padded, feedbacks)]
     if local_size > 1:
         # Each local peer sums what its peers sent and re-encodes one row per node.
         received = _exchange(blocks, groups[f"local_{node}"])
@@ -152,11 +150,11 @@ def _batches(sizes, limit):
 def _reduce_scatter_quantized(gradients, feedbacks, topology, groups):
     """:func:`_reduce_scatter_batch` over batches of at most ``BATCH_BYTES`` sent per rank."""
     world = topology[0]
-    sizes = [world * block_bytes(1, padded_chunk_of(g.numel(), world)) for g in gradients]
+    padded = [padded_chunk_of(g.numel(), world) for g in gradients]
     results = []
-    for batch in _batches(sizes, BATCH_BYTES):
-        results += _reduce_scatter_batch([gradients[i] for i in batch], [feedbacks[i] for i in batch], topology,
-                                         groups)
+    for batch in _batches([world * block_bytes(1, p) for p in padded], BATCH_BYTES):
+        results += _reduce_scatter_batch(*([items[i] for i in batch] for items in (gradients, padded, feedbacks)),
+                                         topology, groups)
     return results
 
 
@@ -184,11 +182,10 @@ def reduce_scatter(tensors, groups, topology, feedbacks=None):
     results = [None] * len(tensors)
     for i, result in zip(plain, _reduce_scatter_plain([tensors[i] for i in plain], world, rank, factor)):
         results[i] = result
-    if four_bit:
-        reduced = _reduce_scatter_quantized([tensors[i] for i in four_bit], [feedbacks[i] for i in four_bit], topology,
-                                            groups)
-        for i, result in zip(four_bit, reduced):
-            results[i] = result
+    reduced = _reduce_scatter_quantized([tensors[i] for i in four_bit], [feedbacks[i] for i in four_bit], topology,
+                                        groups)
+    for i, result in zip(four_bit, reduced):
+        results[i] = result
     return results
 
 
