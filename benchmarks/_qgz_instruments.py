@@ -136,7 +136,7 @@ def qgz_batches(job):
         ]
 
     four_bit = [i for i, g in enumerate(gradients) if qgz.quantizes(g, world)]
-    sizes = [world * qgz.block_bytes(1, qgz.padded_chunk_of(gradients[i].numel(), world)) for i in four_bit]
+    sizes = [qgz.sent_bytes(qgz.padded_chunk_of(gradients[i].numel(), world), world) for i in four_bit]
     limits = {"default": qgz.BATCH_BYTES, "two_largest": sum(sorted(sizes)[-2:]), "one": 1}
     reference, reference_errors, _ = variant(qgz.BATCH_BYTES, one_by_one=True)
     report = {}

@@ -131,7 +131,7 @@ def _reduce_scatter_batch(gradients, padded, feedbacks, topology, groups):
     # Across nodes (ranks with the same local index): node m gets the node sums of its chunk.
     received = _exchange(blocks, groups[f"global_{local}"])
     mine = [_partition(g.numel(), world, rank)[1] for g in gradients]
-    return [codec.qgz_decode_sum(*args, factor, g.dtype) for *args, g in zip(received, padded, mine, gradients)]
+    return [codec.qgz_decode_sum(r, p, m, factor, g.dtype) for r, p, m, g in zip(received, padded, mine, gradients)]
 
 
 def _batches(sizes, limit):
@@ -147,14 +147,19 @@ def _batches(sizes, limit):
         yield batch
 
 
+def sent_bytes(padded_chunk, world):
+    """Bytes one rank sends of a gradient in each of qgZ's all-to-alls: what a batch's size counts."""
+    return world * block_bytes(1, padded_chunk)
+
+
 def _reduce_scatter_quantized(gradients, feedbacks, topology, groups):
     """:func:`_reduce_scatter_batch` over batches of at most ``BATCH_BYTES`` sent per rank."""
     world = topology[0]
     padded = [padded_chunk_of(g.numel(), world) for g in gradients]
     results = []
-    for batch in _batches([world * block_bytes(1, p) for p in padded], BATCH_BYTES):
-        results += _reduce_scatter_batch(*([items[i] for i in batch] for items in (gradients, padded, feedbacks)),
-                                         topology, groups)
+    for batch in _batches([sent_bytes(p, world) for p in padded], BATCH_BYTES):
+        results += _reduce_scatter_batch([gradients[i] for i in batch], [padded[i] for i in batch],
+                                         [feedbacks[i] for i in batch], topology, groups)
     return results
 
 
@@ -179,12 +184,11 @@ def reduce_scatter(tensors, groups, topology, feedbacks=None):
     feedbacks = feedbacks or [None] * len(tensors)
     four_bit = [i for i, t in enumerate(tensors) if quantizes(t, world)]
     plain = [i for i, t in enumerate(tensors) if not quantizes(t, world)]
+    reduced = _reduce_scatter_plain([tensors[i] for i in plain], world, rank, factor)
+    reduced += _reduce_scatter_quantized([tensors[i] for i in four_bit], [feedbacks[i] for i in four_bit], topology,
+                                         groups)
     results = [None] * len(tensors)
-    for i, result in zip(plain, _reduce_scatter_plain([tensors[i] for i in plain], world, rank, factor)):
-        results[i] = result
-    reduced = _reduce_scatter_quantized([tensors[i] for i in four_bit], [feedbacks[i] for i in four_bit], topology,
-                                        groups)
-    for i, result in zip(four_bit, reduced):
+    for i, result in zip(plain + four_bit, reduced):
         results[i] = result
     return results
 
