@@ -1,9 +1,11 @@
-"""The environment variables that activate the patch, read in one place (``_autoactivate`` acts on them,
-``doctor`` checks them); importing this module has no side effects."""
+"""The environment variables of the patch, read in one place (``_autoactivate`` acts on them, ``agreement`` reads
+its bound, ``doctor`` checks them, the launcher seam forwards them); importing this module has no side effects."""
 import os
 
 ENV = "DEEPSPEED_ZEROPP"
 BACKEND_ENV = "DEEPSPEED_ZEROPP_BACKEND"
+AGREEMENT_TIMEOUT_ENV = "DEEPSPEED_ZEROPP_AGREEMENT_TIMEOUT"
+PREFIX = ENV  # every variable of the patch starts with it: what DeepSpeed's multi-node launcher is made to forward
 ON = ("1", "true", "yes", "on")
 OFF = ("", "0", "false", "no", "off")
 
@@ -21,3 +23,25 @@ def unrecognised_message():
 
 def backend():
     return os.environ.get(BACKEND_ENV, "auto")
+
+
+def ours(environ=None):
+    """The patch's variables set in ``environ`` (default ``os.environ``), by name."""
+    environ = os.environ if environ is None else environ
+    return {name: value for name, value in environ.items() if name.startswith(PREFIX)}
+
+
+def agreement_timeout(default):
+    """Seconds a rank waits for every other rank's answer (``agreement``): ``DEEPSPEED_ZEROPP_AGREEMENT_TIMEOUT``,
+    else ``default``. Anything but a positive number of seconds raises ValueError saying what is accepted."""
+    value = os.environ.get(AGREEMENT_TIMEOUT_ENV, "").strip()
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = None
+    if seconds is None or not 0 < seconds < float("inf"):
+        raise ValueError(f"{AGREEMENT_TIMEOUT_ENV}={value!r} is not a positive number of seconds; unset it for the "
+                         f"default ({default:g} s)")
+    return seconds

@@ -62,6 +62,11 @@ def _activation_checks():
     if bad_backend:
         yield PROBLEM, (f"{auto.BACKEND_ENV}={backend!r} is not a backend; choose one of {', '.join(BACKENDS)} "
                         f"(with {auto.ENV}=1 every `import deepspeed` would fail)")
+    try:
+        from .agreement import timeout
+        timeout()
+    except ValueError as error:
+        yield PROBLEM, f"{error} (every ZeRO++ job would stop at its first quantized collective)"
     installed = [d for d in _pth_locations() if os.path.isfile(os.path.join(d, "deepspeed_zeropp.pth"))]
     if wanted is None:
         yield PROBLEM, auto.unrecognised_message()
@@ -75,6 +80,27 @@ def _activation_checks():
     elif not wanted:
         yield OK, (f"{auto.ENV} off: call deepspeed_zeropp.patch() or export {auto.ENV}=1 "
                    f"(deepspeed_zeropp.pth in {installed[0]})")
+
+
+def _launcher_check():
+    """Whether DeepSpeed's multi-node launcher, patched as it is now, forwards the patch's variables: a runner built
+    by it from an environment holding them (patching/seams/launcher.py) must carry every one."""
+    from . import _env as auto
+    from .patching.seams import launcher
+    environ = dict(auto.ours(), **{auto.ENV: "1"})
+    try:
+        carried = launcher.probe(environ)
+    except Exception as error:
+        carried, failure = {}, f" (the probe failed: {type(error).__name__}: {error})"
+    else:
+        failure = ""
+    if carried == environ:
+        return OK, (f"DeepSpeed's multi-node launcher (deepspeed --hostfile: pdsh, openmpi, mvapich, slurm, impi, "
+                    f"mpich) forwards {', '.join(sorted(environ))} to every node when it runs with {auto.ENV}=1")
+    return WARN, (f"DeepSpeed's multi-node launcher will not forward {', '.join(sorted(set(environ) - set(carried)))} "
+                  f"to the other nodes{failure}: their ranks stay unpatched (the job stops at its first quantized "
+                  f"collective); put {auto.ENV}=1 in .deepspeed_env, export it on every node, or call "
+                  f"deepspeed_zeropp.patch() in the training script")
 
 
 def checks(backend="auto"):
@@ -119,6 +145,7 @@ def checks(backend="auto"):
     if qgz_backend_name(backend) != backend:
         yield WARN, (f"backend {backend} has no qgZ: zero_quantized_gradients (and LoCo) run on backend "
                      f"{qgz_backend_name(backend)}")
+    yield _launcher_check()
     if not was_patched:
         deepspeed_zeropp.unpatch()
     if backend in ("auto", "torch"):

@@ -405,6 +405,8 @@ def train(job, instruments):
 
 def run_one(run, spec, rank, instruments):
     spec = dict(spec, **{key: run[key] for key in ("dtype", "patch") if key in run})  # per-run overrides
+    if "patch_ranks" in run:  # only these ranks patched: a job whose nodes disagree
+        spec["patch"] = rank in run["patch_ranks"]
     apply_patch(spec, run)
     reset_hpz_group()
     job = Job(spec, run, rank, DTYPES[spec["dtype"]])

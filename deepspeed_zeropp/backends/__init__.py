@@ -16,6 +16,9 @@ import warnings
 
 BACKENDS = ("auto", "torch", "cuda", "deepspeed")
 QGZ_FALLBACK = "auto"
+# Backends of one family quantize weights to the same wire values: "native" (formats/, in torch or in the CUDA
+# kernels) or "deepspeed-op" (DeepSpeed's fp16 op behind casts). Every rank of a job must use one (agreement.py).
+FAMILIES = {"auto": "native", "torch": "native", "cuda": "native", "deepspeed": "deepspeed-op"}
 _MODULES = {"torch": "torch_ref", "cuda": "cuda", "deepspeed": "deepspeed_op"}
 _loaded = {}  # name -> module, imported once
 _resolved = {}  # (name, device type) -> module: the choice never changes once made (load_error is computed once)
@@ -46,6 +49,12 @@ def set_default(name):
 def default():
     """The backend set by :func:`set_default` ("auto" until then)."""
     return _default
+
+
+def family(name):
+    """The family of backend ``name`` (:data:`FAMILIES`)."""
+    check_backend_name(name)
+    return FAMILIES[name]
 
 
 def resolve_backend(name, device):

@@ -7,13 +7,14 @@ a row's range the attribute must exist; ``patch(strict=True)`` raises otherwise.
 from typing import Callable, NamedTuple, Optional
 
 from ..quantizer import QuantizerMethods
-from .seams import checkpoints, gathers, partitions, replacements
+from .seams import checkpoints, gathers, launcher, partitions, replacements
 
 PARTITION_PARAMETERS = "deepspeed.runtime.zero.partition_parameters"
 STAGE3 = "deepspeed.runtime.zero.stage3"
 COALESCED_COLLECTIVES = "deepspeed.runtime.comm.coalesced_collectives"
 PARAMETER_OFFLOAD = "deepspeed.runtime.zero.parameter_offload"
 ENGINE = "deepspeed.runtime.engine"
+MULTINODE_RUNNER = "deepspeed.launcher.multinode_runner"
 UPSTREAM_DTYPE_FIX = "0.19.6"  # upstream's dtype fix: fp16 detour in the quantizer, dtype= at five sites
 LOCO_SINCE, LOCO_UNTIL = "0.16.2", "0.19.7"  # zeropp_loco_param: all_to_all_loco_quant_reduce (0.19.8 removed it)
 
@@ -163,4 +164,14 @@ SITES = (
          since=LOCO_SINCE,
          until=LOCO_UNTIL,
          module=STAGE3),
+    Site("MultiNodeRunner",
+         "__init__",
+         launcher.forward_variables,
+         "Why this seam: DeepSpeed's multi-node launcher (deepspeed --hostfile) starts the other nodes' ranks "
+         "through a runner (pdsh, OpenMPI, MVAPICH, Slurm, Intel MPI, MPICH) that forwards only the variables "
+         "with its export prefixes and the lines of .deepspeed_env, so DEEPSPEED_ZEROPP=1 would patch the "
+         "launching node's ranks alone. Every runner sets up its exports in this base constructor, and every "
+         "runner's command is built from them: the wrapper adds the DEEPSPEED_ZEROPP* variables of the launcher's "
+         "environment there, before the launcher's own exports and .deepspeed_env (a value given there wins).",
+         module=MULTINODE_RUNNER),
 )

@@ -5,6 +5,7 @@ import contextlib
 
 import torch
 
+from ... import agreement
 from ...dtypes import SUPPORTED_DTYPES
 from ...quantizer import QuantizerMethods
 from ...scope import DEFERRED, deferring_quantize
@@ -120,6 +121,7 @@ def nontrainable_seam(original):
     def wrapper(optimizer, *args, **kwargs):
         if not getattr(optimizer, "zero_quantized_nontrainable_weights", False):
             return original(optimizer, *args, **kwargs)
+        agreement.ensure()  # the codes made here are gathered next; no quantize call may have come before
         return quantize_nontrainable_params(optimizer, *args, **kwargs)
 
     return wrapper

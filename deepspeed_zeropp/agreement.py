@@ -1,0 +1,197 @@
+"""Every rank of a job runs the patch with the same wire format, or the job stops before quantized data moves.
+
+A rank that runs the patch sends and reads our wire format (``formats/``); a rank that does not (a node started
+without ``DEEPSPEED_ZEROPP=1``) sends and reads upstream's. Mixed, the job either crashes on the unpatched ranks or,
+on releases where upstream's path runs, decodes one format as the other without a word. :func:`ensure` stops that:
+the patch's entry points that put quantized data on the wire (``patching/seams/replacements.py``: our quantizer's
+``quantize`` and the qgZ/LoCo reduce-scatters; ``patching/seams/partitions.py``: MixZ++ after partitioning) call it
+first, so a job without a ZeRO++ flag never reaches it.
+
+Through the default process group's key-value store, not a collective: an unpatched rank never runs this code, so
+a collective would wait for it for good (or meet one of its other collectives), while the store answers whatever
+the other ranks do, within a bound. Round ``n`` (a process counts its checks; all patched ranks check in the same
+order):
+
+- rank ``r`` sets ``deepspeed_zeropp/agreement/<n>/rank<r>`` to what it runs (:class:`Answer`) and
+  ``deepspeed_zeropp/agreement/<n>/<token>/rank<r>``, where the token is what must be equal on every rank: the
+  wire-format version and the backend family (``backends.FAMILIES``);
+- it waits, at most :func:`timeout` seconds, for every rank's key under its own token. All there: done, and the
+  process does not check again for this process group and backend. The sets are not answered by torch's TCPStore,
+  so a fully patched job pays one round trip to the store per rank, once, and no collective;
+- otherwise (a rank missing or different, or the store gone) it reads what every rank published and raises
+  :class:`AgreementError` naming the ranks, their hosts where known, what each runs and how to fix it.
+"""
+import json
+import socket
+from datetime import timedelta
+from typing import NamedTuple
+
+from . import __version__, _env, backends
+from . import formats
+
+TIMEOUT = 300.0  # seconds: far beyond the skew of healthy ranks reaching their first quantized collective
+KEY = "deepspeed_zeropp/agreement"
+_agreed = None  # (default process group, backend name) of the last check that passed
+_round = 0  # checks this process has started: the round of the next one
+
+
+class AgreementError(RuntimeError):
+    """Not every rank of the job runs the patch with this rank's wire format and backend family."""
+
+
+class Answer(NamedTuple):
+    """What one rank runs, as it publishes it."""
+    host: str
+    package: str  # deepspeed_zeropp's version
+    deepspeed: str
+    wire: int  # formats.WIRE_FORMAT_VERSION
+    backend: str
+    family: str
+
+    @property
+    def token(self):
+        """What every rank must have in common."""
+        return f"wire{self.wire}-{self.family}"
+
+    def runs(self):
+        return (f"deepspeed_zeropp {self.package} on DeepSpeed {self.deepspeed}, wire format {self.wire}, "
+                f"backend {self.backend} ({self.family})")
+
+    def encode(self):
+        return json.dumps(self._asdict())
+
+    @classmethod
+    def decode(cls, raw):
+        return cls(**json.loads(raw.decode() if isinstance(raw, bytes) else raw))
+
+
+def timeout():
+    """The bound of the wait, in seconds: ``DEEPSPEED_ZEROPP_AGREEMENT_TIMEOUT`` (``_env.py``), else :data:`TIMEOUT`."""
+    return _env.agreement_timeout(TIMEOUT)
+
+
+def own_answer():
+    import deepspeed
+    backend = backends.default()
+    return Answer(socket.gethostname(), __version__, deepspeed.__version__, formats.WIRE_FORMAT_VERSION, backend,
+                  backends.family(backend))
+
+
+def ensure():
+    """Return once every rank of the default process group runs the patch with this rank's wire format and backend
+    family (checked once per process group and backend); raise :class:`AgreementError` otherwise. Nothing to check
+    without torch.distributed or with one rank."""
+    if _agreed is not None and _agreed[0] is _world() and _agreed[1] == backends.default():
+        return
+    _check()
+
+
+def _world():
+    import torch.distributed as dist
+    return dist.GroupMember.WORLD if dist.is_available() else None
+
+
+def _store():
+    from torch.distributed import distributed_c10d
+    return distributed_c10d._get_default_store()
+
+
+def _check():
+    global _agreed, _round
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    group, backend = _world(), backends.default()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world > 1:
+        exchange(_store(), rank, world, own_answer(), timeout(), f"{KEY}/{_round}")
+        _round += 1
+    _agreed = (group, backend)
+
+
+def exchange(store, rank, world, mine, seconds, prefix):
+    """Publish ``mine`` as rank ``rank`` under ``prefix`` in ``store`` and wait at most ``seconds`` for every rank's
+    answer with the same token; raise :class:`AgreementError` if they are not all there."""
+    store.set(f"{prefix}/rank{rank}", mine.encode())
+    store.set(f"{prefix}/{mine.token}/rank{rank}", "1")
+    try:
+        store.wait([f"{prefix}/{mine.token}/rank{peer}" for peer in range(world)], timedelta(seconds=seconds))
+        return
+    except Exception:  # the wait's timeout, or the store gone with the rank that held it (reading says which)
+        pass
+    answers, unreadable = _read_answers(store, prefix, world)
+    answers[rank] = mine
+    raise AgreementError(message(rank, world, answers, seconds, unreadable))
+
+
+def _read_answers(store, prefix, world):
+    """Every rank's published answer (None where there is none), and why the store could not be read, if so."""
+    answers = {}
+    for peer in range(world):
+        key = f"{prefix}/rank{peer}"
+        try:
+            answers[peer] = Answer.decode(store.get(key)) if store.check([key]) else None
+        except Exception as error:
+            return answers, f"{type(error).__name__}: {error}"
+    return answers, None
+
+
+def _ranges(ranks):
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    spans = []
+    for rank in sorted(ranks):
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _hosts(answers, limit=8):
+    hosts = sorted({answer.host for answer in answers})
+    shown = ", ".join(hosts[:limit]) + (f" and {len(hosts) - limit} more" if len(hosts) > limit else "")
+    return f"host{'s' if len(hosts) > 1 else ''} {shown}"
+
+
+def message(rank, world, answers, seconds, unreadable=None):
+    """The error text: ``answers`` maps ranks to their :class:`Answer` or None (no answer); ranks absent from it
+    could not be read (``unreadable`` says why)."""
+    mine = answers[rank]
+    groups = {}
+    for peer, answer in sorted(answers.items()):
+        groups.setdefault(None if answer is None else answer._replace(host=""), []).append(peer)
+    lines = [
+        f"deepspeed_zeropp: rank {rank} of {world} stops before its first quantized collective: not every rank runs "
+        f"the patch with wire format {mine.wire} and backend family {mine.family}, and ranks that disagree would "
+        f"read each other's quantized data wrongly. Ranks:"
+    ]
+    for runs, peers in groups.items():
+        label = f"rank{'s' if len(peers) > 1 else ''} {_ranges(peers)}"
+        if runs is None:
+            lines.append(f"  {label} (host unknown): no answer within {seconds:g} s: the patch is not active there "
+                         f"(or the rank never reached its first quantized collective)")
+            continue
+        if rank in peers:
+            verdict = "this rank" if len(peers) == 1 else "as this rank"
+        else:
+            verdict = "agrees" if runs.token == mine.token else "DIFFERENT"
+        hosts = _hosts(answers[peer] for peer in peers)
+        lines.append(f"  {label} ({hosts}): {runs.runs()} [{verdict}]")
+    unread = [peer for peer in range(world) if peer not in answers]
+    if unread:
+        lines.append(f"  rank{'s' if len(unread) > 1 else ''} {_ranges(unread)}: unknown, the store could not be read "
+                     f"({unreadable}); the rank that held it (rank 0) has probably stopped")
+    lines.append(
+        f"Fix: patch every rank the same way. Set {_env.ENV}=1 (and {_env.BACKEND_ENV}, if used) on every node: "
+        f"DeepSpeed's multi-node launcher (deepspeed --hostfile) forwards the {_env.PREFIX}* variables to every node "
+        f"when it runs with {_env.ENV}=1 itself; with other launchers export them to every node (mpirun -x, "
+        f"srun --export, the job script), or put them in .deepspeed_env (NAME=value lines in ~ or the launch "
+        f"directory, sent to every node by the deepspeed launcher); or call deepspeed_zeropp.patch() in the training "
+        f"script before deepspeed.initialize. Every node needs the same deepspeed_zeropp and the same backend.")
+    return "\n".join(lines)
+
+
+def reset():
+    """Forget the last check (tests: the next :func:`ensure` checks again)."""
+    global _agreed
+    _agreed = None

@@ -1,0 +1,215 @@
+"""The agreement check (agreement.py) on a stand-in key-value store: what a fully patched job pays, the error text
+when a rank is missing or different, and where the patch calls it (only on paths a ZeRO++ flag opens)."""
+import types
+
+import pytest
+import torch
+
+from deepspeed_zeropp import agreement, backends, formats
+from deepspeed_zeropp.patching.seams import partitions, replacements
+
+
+class Store:
+    """The parts of torch's Store the check uses, in memory; every call is logged. ``wait`` returns at once when
+    every key is there and raises as a timed-out wait otherwise; ``broken`` makes reads fail as with the store's
+    host gone."""
+
+    def __init__(self, keys=None, broken=False):
+        self.keys, self.calls, self.broken = dict(keys or {}), [], broken
+
+    def set(self, key, value):
+        self.calls.append("set")
+        self.keys[key] = value.encode() if isinstance(value, str) else value
+
+    def wait(self, keys, timeout):
+        self.calls.append("wait")
+        assert timeout.total_seconds() > 0
+        if not all(key in self.keys for key in keys):
+            raise RuntimeError("Wait timeout")
+
+    def check(self, keys):
+        self.calls.append("check")
+        if self.broken:
+            raise ConnectionResetError("Connection reset by peer")
+        return all(key in self.keys for key in keys)
+
+    def get(self, key):
+        self.calls.append("get")
+        return self.keys[key]
+
+
+def answer(host="node-a", wire=None, backend="auto"):
+    return agreement.Answer(host, "0.1.0", "0.19.8", formats.WIRE_FORMAT_VERSION if wire is None else wire, backend,
+                            backends.family(backend))
+
+
+def published(store, rank, what, prefix="p"):
+    """``store`` as rank ``rank`` running ``what`` leaves it after its sets."""
+    store.keys[f"{prefix}/rank{rank}"] = what.encode().encode()
+    store.keys[f"{prefix}/{what.token}/rank{rank}"] = b"1"
+    return store
+
+
+def failure(store, rank, world, mine, seconds=5):
+    with pytest.raises(agreement.AgreementError) as raised:
+        agreement.exchange(store, rank, world, mine, seconds, "p")
+    return str(raised.value)
+
+
+def test_fully_patched_world_pays_one_wait_and_reads_nothing():
+    store = published(Store(), 1, answer("node-b"))
+    agreement.exchange(store, 0, 2, answer(), 5, "p")
+    assert store.calls == ["set", "set", "wait"]  # the sets are not answered: one round trip
+
+
+def test_missing_rank_named_with_the_fix():
+    text = failure(Store(), 0, 2, answer("node-a"))
+    lines = text.splitlines()
+    assert lines[0].startswith("deepspeed_zeropp: rank 0 of 2 stops before its first quantized collective")
+    assert f"wire format {formats.WIRE_FORMAT_VERSION} and backend family native" in lines[0]
+    assert lines[1] == (f"  rank 0 (host node-a): deepspeed_zeropp 0.1.0 on DeepSpeed 0.19.8, wire format "
+                        f"{formats.WIRE_FORMAT_VERSION}, backend auto (native) [this rank]")
+    assert lines[2].startswith("  rank 1 (host unknown): no answer within 5 s: the patch is not active there")
+    fix = lines[-1]
+    assert fix.startswith("Fix: patch every rank the same way. Set DEEPSPEED_ZEROPP=1 (and DEEPSPEED_ZEROPP_BACKEND")
+    for remedy in ("deepspeed --hostfile", "DEEPSPEED_ZEROPP* variables", "mpirun -x", "srun --export",
+                   ".deepspeed_env", "deepspeed_zeropp.patch() in the training script"):
+        assert remedy in fix, remedy
+
+
+def test_different_wire_format_and_backend_family_named():
+    store = published(Store(), 1, answer("node-b", wire=formats.WIRE_FORMAT_VERSION + 1))
+    published(store, 2, answer("node-c", backend="deepspeed"))
+    published(store, 3, answer("node-a", backend="torch"))
+    text = failure(store, 0, 4, answer("node-a"))
+    assert f"  rank 1 (host node-b): deepspeed_zeropp 0.1.0 on DeepSpeed 0.19.8, wire format " \
+           f"{formats.WIRE_FORMAT_VERSION + 1}, backend auto (native) [DIFFERENT]" in text
+    assert "  rank 2 (host node-c): " in text and "backend deepspeed (deepspeed-op) [DIFFERENT]" in text
+    assert "  rank 3 (host node-a): " in text and "backend torch (native) [agrees]" in text  # same family: agrees
+
+
+def test_ranks_grouped_by_what_they_run():
+    store = Store()
+    for rank in (1, 2, 7):
+        published(store, rank, answer(f"node-{rank // 4}"))
+    for rank in (4, 5):
+        published(store, rank, answer("node-1", wire=formats.WIRE_FORMAT_VERSION + 1))
+    text = failure(store, 0, 8, answer("node-0"))
+    assert "  ranks 0-2, 7 (hosts node-0, node-1): " in text and text.count("[as this rank]") == 1
+    assert "  ranks 4-5 (host node-1): " in text and "[DIFFERENT]" in text
+    assert "  ranks 3, 6 (host unknown): no answer within 5 s" in text
+
+
+def test_store_gone_says_so():
+    text = failure(Store(broken=True), 1, 3, answer("node-b"))
+    assert "  rank 1 (host node-b): " in text and "[this rank]" in text
+    assert ("  ranks 0, 2: unknown, the store could not be read (ConnectionResetError: Connection reset by peer); "
+            "the rank that held it (rank 0) has probably stopped") in text
+
+
+@pytest.fixture
+def two_ranks(monkeypatch):
+    """torch.distributed initialised with 2 ranks (this one 0), the other rank patched alike; a fresh check."""
+    import torch.distributed as dist
+    world = object()
+    store = Store()
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(agreement, "_world", lambda: world)
+    monkeypatch.setattr(agreement, "_store", lambda: store)
+    monkeypatch.setattr(agreement, "_round", 0)
+    agreement.reset()
+    yield store
+    agreement.reset()
+    backends.set_default("auto")
+
+
+def test_checked_once_per_group_and_backend(two_ranks):
+    store = two_ranks
+    published(store, 1, answer(), prefix=f"{agreement.KEY}/0")
+    agreement.ensure()
+    agreement.ensure()
+    assert store.calls == ["set", "set", "wait"]
+    backends.set_default("torch")  # another backend: checked again, in the next round
+    published(store, 1, answer(backend="torch"), prefix=f"{agreement.KEY}/1")
+    agreement.ensure()
+    assert store.calls == ["set", "set", "wait"] * 2
+    assert agreement.Answer.decode(store.keys[f"{agreement.KEY}/1/rank0"]).backend == "torch"
+
+
+def test_wire_format_version_read_from_formats(two_ranks, monkeypatch):
+    """A rank with a bumped formats.WIRE_FORMAT_VERSION no longer agrees with one that has the old one."""
+    store = two_ranks
+    published(store, 1, answer(), prefix=f"{agreement.KEY}/0")
+    monkeypatch.setattr(formats, "WIRE_FORMAT_VERSION", formats.WIRE_FORMAT_VERSION + 1)
+    with pytest.raises(agreement.AgreementError, match=r"rank 1 \(host node-a\): .* \[DIFFERENT\]"):
+        agreement.ensure()
+
+
+def test_nothing_to_check_without_distributed_or_peers(monkeypatch):
+    import torch.distributed as dist
+    monkeypatch.setattr(agreement, "_store", lambda: pytest.fail("store used"))
+    agreement.reset()
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    agreement.ensure()
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    agreement.ensure()
+    agreement.reset()
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "inf", "nan"])
+def test_bad_timeout_is_refused_with_what_is_accepted(monkeypatch, value):
+    monkeypatch.setenv("DEEPSPEED_ZEROPP_AGREEMENT_TIMEOUT", value)
+    with pytest.raises(ValueError, match=r"DEEPSPEED_ZEROPP_AGREEMENT_TIMEOUT=.* is not a positive number of seconds"):
+        agreement.timeout()
+
+
+def test_timeout_default_and_override(monkeypatch):
+    monkeypatch.delenv("DEEPSPEED_ZEROPP_AGREEMENT_TIMEOUT", raising=False)
+    assert agreement.timeout() == agreement.TIMEOUT
+    monkeypatch.setenv("DEEPSPEED_ZEROPP_AGREEMENT_TIMEOUT", "12.5")
+    assert agreement.timeout() == 12.5
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Order of agreement checks and the work they guard."""
+    log = []
+    monkeypatch.setattr(agreement, "ensure", lambda: log.append("ensure"))
+    return log
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("seam", ["QUANTIZE", "QUANT_REDUCE", "LOCO_QUANT_REDUCE"])
+def test_entry_points_check_before_they_work(monkeypatch, seam):
+    """A failing check stops each entry point before its implementation sees the (here unusable) arguments."""
+
+    def refuse():
+        raise Stop()
+
+    monkeypatch.setattr(agreement, "ensure", refuse)
+    with pytest.raises(Stop):
+        getattr(replacements, seam)(None)(None, None)
+
+
+def test_mixz_after_partitioning_checks_only_when_on(calls, monkeypatch):
+    monkeypatch.setattr(partitions, "quantize_nontrainable_params", lambda optimizer: calls.append("quantize"))
+    seam = partitions.nontrainable_seam(lambda optimizer: calls.append("upstream"))
+    seam(types.SimpleNamespace(zero_quantized_nontrainable_weights=False))
+    assert calls == ["upstream"]
+    seam(types.SimpleNamespace(zero_quantized_nontrainable_weights=True))
+    assert calls == ["upstream", "ensure", "quantize"]
+
+
+def test_quantize_seam_checks_then_quantizes(calls, monkeypatch):
+    from deepspeed_zeropp.quantizer import QuantizerMethods
+    monkeypatch.setattr(agreement, "ensure", lambda: calls.append("ensure"))
+    method = replacements.QUANTIZE(None)
+    codes, scales = method(QuantizerMethods(), torch.ones(64))
+    assert calls == ["ensure"] and codes.dtype == torch.int8
