@@ -18,12 +18,14 @@ arguments, and answers None for anything it has not been told about, which conti
 import torch
 
 from .dtypes import DEFAULT_DEQUANT_DTYPE, SUPPORTED_DTYPES, check_float_dtype, check_wire_tensors
+from .formats import int8
 from .grouping import Layout, group_layout
 from .backends import resolve_backend
 
 CALLS_LIMIT = 4096  # signatures per op; a model uses far fewer. A full table is emptied: a hit stays one lookup
 _quantize_calls = {}  # key -> (entry point, its arguments after the tensor)
 _dequantize_calls = {}  # key -> (entry point, its arguments after codes and scales)
+_packed_calls = {}  # key -> (backend module, int8.Packet): quantize_packed's checked signatures
 
 
 def _not_native(*arguments):
@@ -39,6 +41,7 @@ def forget_signatures():
     """Forget every remembered call signature, here and in the backends' native tables."""
     _quantize_calls.clear()
     _dequantize_calls.clear()
+    _packed_calls.clear()
     for impl in _native_backends:
         impl.forget_signatures()
 
@@ -259,3 +262,106 @@ def _runs(block_numels):
         else:
             runs.append((numel, layout.groups) + kind)
     return runs
+
+
+# --- Packets: a rank's codes and scales in one byte buffer (formats/int8.py), sent in one all-gather ------------
+
+_PACKET = "zeropp_packet"  # attribute of the codes and scales in a packet: (its byte buffer, its int8.Packet)
+
+
+def quantize_packed(x, groups=None, backend="auto"):
+    """``quantize``, with the codes and scales written into one new byte buffer laid out as ``int8.packet``:
+    returns (codes, scales) as ``quantize`` does, both views of that buffer, in which :func:`packet_of` finds it.
+    Same values as ``quantize``."""
+    key = call = None
+    try:
+        key = (type(x), x.dtype, x.device, x.numel(), groups, type(groups), backend)
+        call = _packed_calls[key]
+    except Exception:  # see quantize
+        pass
+    if call is None:
+        call = _checked_packed(x, groups, backend, key)
+    impl, layout = call
+    buffer = torch.empty(layout.nbytes, dtype=torch.uint8, device=x.device)
+    codes, scales = (view.view(-1) for view in _packet_views(buffer.view(1, -1), layout))
+    into = getattr(impl, "quantize_into", None)
+    if into is not None:
+        into(x if x.is_contiguous() else x.contiguous(), layout.groups, layout.group_size, codes, scales)
+    else:  # copies of the backend's own results
+        own_codes, own_scales = quantize(x, groups, backend)
+        codes.copy_(own_codes.reshape(-1))
+        scales.copy_(own_scales.reshape(-1))
+    codes = codes.view(x.shape)
+    # on the tensors handed out (views of another dtype keep no link to their buffer); the closures pass them on
+    setattr(codes, _PACKET, (buffer, layout))
+    setattr(scales, _PACKET, (buffer, layout))
+    return codes, scales
+
+
+def _checked_packed(x, groups, backend, key):
+    if not (isinstance(x, torch.Tensor) and x.dtype in SUPPORTED_DTYPES and not x.is_meta):
+        _check_tensor(x, "quantize input")
+        check_float_dtype(x.dtype, "quantize input")
+    layout = group_layout(x.numel()) if groups is None else _explicit_layout(x.numel(), groups)
+    call = (resolve_backend(backend, x.device), int8.packet(x.numel(), layout.groups, layout.group_size))
+    if key is not None:
+        if len(_packed_calls) >= CALLS_LIMIT:
+            _packed_calls.clear()
+        try:
+            _packed_calls[key] = call
+        except TypeError:
+            pass
+    return call
+
+
+def _packet_views(rows, layout):
+    """(codes [k, numel] int8, scales [k, groups] fp32): views of ``rows``, k packets of ``layout`` as uint8 rows."""
+    codes = rows[:, :layout.numel].view(torch.int8)
+    scales = rows[:, layout.scales_at:layout.scales_at + int8.SCALE_BYTES * layout.groups].view(torch.float32)
+    return codes, scales
+
+
+def packet_of(tensor):
+    """``(buffer, int8.Packet)`` when ``tensor`` is the codes or scales tensor that :func:`quantize_packed`
+    returned, else None. (A tensor that copied another's attributes names a buffer it does not start at or in:
+    callers compare data pointers.)"""
+    return getattr(tensor, _PACKET, None)
+
+
+def dequantize_packed(received, layout, shape, dtype=None, backend="auto"):
+    """Values of an all-gather of packets: ``received`` holds k packets of ``layout`` back to back (uint8, one per
+    rank, in rank order). Each rank's codes are dequantized with its own scales, read in place where the backend
+    can (``dequantize_ranks``); the result is the first prod(``shape``) values of the k blocks, as a tensor of
+    ``shape`` and ``dtype`` (fp16 when None)."""
+    _check_tensor(received, "received packets")
+    if received.dtype != torch.uint8 or received.dim() != 1 or not received.is_contiguous():
+        raise ValueError(f"received packets must be a contiguous 1-D uint8 tensor, got {received.dtype} "
+                         f"of shape {tuple(received.shape)}")
+    if not isinstance(layout, int8.Packet):
+        raise TypeError(f"layout must be a formats.int8.Packet, got {type(layout).__name__}")
+    if dtype is not None:
+        check_float_dtype(dtype, "dequantize output")
+    dtype = DEFAULT_DEQUANT_DTYPE if dtype is None else dtype
+    ranks = received.numel() // layout.nbytes
+    count = 1
+    for size in shape:
+        count *= size
+    if received.numel() % layout.nbytes != 0 or count > ranks * layout.numel:
+        raise ValueError(f"{received.numel()} received bytes are not packets of {layout.nbytes} bytes holding "
+                         f"{count} values")
+    if count == 0:
+        return torch.empty(shape, dtype=dtype, device=received.device)
+    codes, scales = _packet_views(received.view(ranks, layout.nbytes), layout)
+    in_place = getattr(resolve_backend(backend, received.device), "dequantize_ranks", None)
+    if in_place is not None:
+        values = in_place(codes, scales, layout.group_size, dtype).view(-1)
+        return (values if count == values.numel() else values[:count]).view(shape)
+    if layout.groups == group_layout(layout.numel).groups:
+        grouping = {"block_numel": layout.numel}
+    else:  # explicit equal groups
+        grouping = {"group_size": layout.group_size}
+    return dequantize(codes.contiguous().view(-1)[:count],
+                      scales.contiguous().view(-1),
+                      dtype,
+                      backend=backend,
+                      **grouping).view(shape)

@@ -20,10 +20,11 @@ class QuantizerMethods:
     def quantize(self, param, groups=None):
         """Why this seam: upstream reads every input as fp16 bits; ours quantizes each dtype natively and
         picks a bounded group layout for any size (grouping.py). Returns int8 codes and 1-D fp32 scales
-        (gloo-compatible)."""
+        (gloo-compatible), both views of one packet (formats/int8.py), so that a fetch can all-gather them at once
+        (patching/seams/gathers.py)."""
         if quantize_is_deferred():
             return param.zero_(), DEFERRED
-        return ops.quantize(param, groups, backend=backends.default())
+        return ops.quantize_packed(param, groups, backend=backends.default())
 
     def dequantize(self, quantized_param, scale, dtype=None):
         """Why this seam: upstream always returns fp16. An explicit ``dtype`` wins; otherwise the dtype the
@@ -33,6 +34,9 @@ class QuantizerMethods:
         if target is None:
             return ops.dequantize(quantized_param, scale, dtype, backend=backends.default())
         dtype = dtype or target.dtype
+        if target.packed is not None:
+            received, layout = target.packed
+            return ops.dequantize_packed(received, layout, quantized_param.shape, dtype, backend=backends.default())
         if target.segments:
             return ops.dequantize_segments(quantized_param, scale, target.segments, dtype, backend=backends.default())
         return ops.dequantize(quantized_param,

@@ -15,11 +15,16 @@ class DequantTarget(NamedTuple):
     """The dtype to hand back and the group layout of the gathered codes (grouping.py): k per-rank blocks, each
     quantized on its own, given by one of ``block_numel`` (the block's numel, for codes narrowed to a prefix),
     ``blocks`` (k, when the site dequantizes several buffers of different block sizes) or ``segments`` (the numel
-    of every separately quantized buffer, in order). None of them: the codes are one quantized buffer."""
+    of every separately quantized buffer, in order). None of them: the codes are one quantized buffer.
+
+    ``packed``: the codes and scales were all-gathered as packets (``formats/int8.py``): ``(received, layout)``,
+    the gathered bytes and the packets' ``int8.Packet``. The arguments upstream passes to dequantize then only give
+    the shape of the result; the values are read from ``received``."""
     dtype: torch.dtype
     block_numel: Optional[int] = None
     blocks: Optional[int] = None
     segments: Optional[Tuple[int, ...]] = None
+    packed: Optional[tuple] = None
 
     def block_numel_of(self, codes):
         """The per-rank block numel of ``codes``, or None when they are one quantized buffer (or empty blocks)."""
@@ -44,8 +49,8 @@ def _set(var, value):
         var.reset(token)
 
 
-def dequant_target(dtype, block_numel=None, blocks=None, segments=None):
-    return _set(_current, DequantTarget(dtype, block_numel, blocks, segments))
+def dequant_target(dtype, block_numel=None, blocks=None, segments=None, packed=None):
+    return _set(_current, DequantTarget(dtype, block_numel, blocks, segments, packed))
 
 
 def current_target():

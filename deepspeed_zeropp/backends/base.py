@@ -22,7 +22,13 @@ class Backend(Protocol):
     Optional: ``bind_quantize(groups, group_size)`` and ``bind_dequantize(group_size, dtype, block_numel)`` return
     ``(function, arguments)`` with ``function(tensors..., *arguments)`` doing what ``quantize`` / ``dequantize`` do
     with those arguments; ``ops`` remembers the pair per call signature, so a compiled entry point is called with no
-    Python frame of the backend (``cuda`` offers them). Without them ``ops`` calls ``quantize`` / ``dequantize``."""
+    Python frame of the backend (``cuda`` offers them). Without them ``ops`` calls ``quantize`` / ``dequantize``.
+
+    Optional, for packets (``formats/int8.py``: a rank's codes and scales in one byte buffer, one all-gather):
+    ``quantize_into(x, groups, group_size, codes, scales)`` writes ``quantize``'s results into the packet's views,
+    and ``dequantize_ranks(codes, scales, group_size, dtype)`` dequantizes per-rank blocks read in place from a
+    gathered buffer (``codes`` [k, n] and ``scales`` [k, G], strided views) into a new [k, n] tensor. Without them
+    ``ops`` copies into and out of the packets around ``quantize`` / ``dequantize`` (same values, more copies)."""
 
     NAME: str
     SERVES_QGZ: bool

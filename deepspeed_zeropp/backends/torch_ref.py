@@ -14,12 +14,10 @@ NAME = "torch"
 SERVES_QGZ = True
 
 
-def quantize(x, groups, group_size=None):
-    """Quantize a contiguous tensor, read flat, in ``groups`` groups of ``group_size`` elements (default: equal
-    groups), the last one possibly short. Returns (int8 codes of x's shape, fp32 scales [groups])."""
+def _scaled(x, groups, group_size):
+    """(rounded, clamped fp32 codes [groups, group_size] with the short last group's tail zero, stored scales)."""
     flat = x.reshape(-1)
     numel = flat.numel()
-    group_size = numel // groups if group_size is None else group_size
     if numel < groups * group_size:  # a short last group: zeros never raise an absmax, and their codes are dropped
         flat = torch.cat([flat, flat.new_zeros(groups * group_size - numel)])
     grouped = flat.view(groups, group_size)
@@ -27,8 +25,23 @@ def quantize(x, groups, group_size=None):
     multiplier, stored_scale, finite = multiplier_from_absmax(absmax)
     scaled = grouped.float() * multiplier.unsqueeze(1)
     scaled = torch.where(finite.unsqueeze(1), scaled, torch.zeros_like(scaled))
-    codes = scaled.round_().clamp_(CODE_MIN, CODE_MAX).to(torch.int8)
-    return codes.view(-1)[:numel].view(x.shape), stored_scale
+    return scaled.round_().clamp_(CODE_MIN, CODE_MAX), stored_scale
+
+
+def quantize(x, groups, group_size=None):
+    """Quantize a contiguous tensor, read flat, in ``groups`` groups of ``group_size`` elements (default: equal
+    groups), the last one possibly short. Returns (int8 codes of x's shape, fp32 scales [groups])."""
+    numel = x.numel()
+    scaled, stored_scale = _scaled(x, groups, numel // groups if group_size is None else group_size)
+    return scaled.to(torch.int8).view(-1)[:numel].view(x.shape), stored_scale
+
+
+def quantize_into(x, groups, group_size, codes, scales):
+    """``quantize`` writing into ``codes`` (int8, x's numel, contiguous) and ``scales`` (fp32 [groups]): the
+    conversion to int8 is the write, so this costs no more operations than ``quantize``."""
+    scaled, stored_scale = _scaled(x, groups, group_size)
+    codes.view(-1).copy_(scaled.view(-1)[:x.numel()])
+    scales.copy_(stored_scale)
 
 
 def dequantize(codes, scales, group_size, dtype, block_numel=None):
@@ -48,6 +61,21 @@ def dequantize(codes, scales, group_size, dtype, block_numel=None):
             group_of = (index // block_numel) * -(-block_numel // group_size) + (index % block_numel) // group_size
         values = codes.float() * scales[group_of]
     return values.view(shape).to(dtype)
+
+
+def dequantize_ranks(codes, scales, group_size, dtype):
+    """Dequantize ``k`` per-rank blocks read in place: ``codes`` [k, n] and ``scales`` [k, G] may be strided views
+    of a gathered buffer of packets (rows need not be contiguous with each other); each block is in G groups of
+    ``group_size`` with a short last one. Returns a new contiguous tensor [k, n] of ``dtype``; element for element
+    the same arithmetic as ``dequantize``."""
+    ranks, numel = codes.shape
+    groups = scales.shape[1]
+    if numel == groups * group_size:
+        values = codes.view(ranks, groups, group_size).float() * scales.unsqueeze(2)
+    else:
+        group_of = torch.arange(numel, device=codes.device) // group_size
+        values = codes.float() * scales[:, group_of]
+    return values.view(ranks, numel).to(dtype)
 
 
 def _quantize_int4(values, feedback):

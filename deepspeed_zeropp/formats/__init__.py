@@ -9,4 +9,4 @@ The CUDA kernels hold the same constants once, in ``csrc/formats.cuh``.
 # The version of these formats as ranks exchange them: int8 codes with their scales and group layout, int4 qgZ blocks
 # with their codec. Every rank of a job must run the same version (agreement.py checks at the first quantized
 # collective); bump it with any change to the bytes a rank sends or to how a rank reads what it receives.
-WIRE_FORMAT_VERSION = 1
+WIRE_FORMAT_VERSION = 2  # 2: a weight fetch sends codes and scales as one packet per rank (docs/numerics.md)

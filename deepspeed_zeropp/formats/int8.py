@@ -9,8 +9,10 @@ in fp16 are pinned down here:
   group, and only that group, dequantizes to NaN. Neighbouring groups are untouched.
 
 Which elements form a group is the layout rule of :func:`layout` (``grouping.group_layout``), a pure function of
-the buffer's element count.
+the buffer's element count. What a rank sends in one all-gather is a :func:`packet` of its codes and scales.
 """
+from typing import NamedTuple
+
 import torch
 
 from ..grouping import group_layout as layout  # noqa: F401  (the wire's group layout, a function of numel)
@@ -29,3 +31,29 @@ def multiplier_from_absmax(absmax):
     multiplier = multiplier.clamp(max=FLT_MAX)
     stored = torch.where(finite, torch.ones_like(multiplier) / multiplier, torch.full_like(absmax, float("nan")))
     return multiplier, stored, finite
+
+
+# --- The packet: one rank's codes and scales in one byte buffer, so that one all-gather carries both ---------------
+
+PACKET_ALIGNMENT = 16  # bytes: the scales and the next rank's packet start on a multiple of it
+SCALE_BYTES = 4  # one fp32 scale
+
+
+class Packet(NamedTuple):
+    """Where the parts of a packet of ``numel`` codes in ``groups`` groups of ``group_size`` lie, in bytes: the
+    codes at 0, the scales at ``scales_at``, ``nbytes`` in all (the stride between ranks in a gathered buffer)."""
+    numel: int
+    groups: int
+    group_size: int
+    scales_at: int
+    nbytes: int
+
+
+def _aligned(nbytes):
+    return -(-nbytes // PACKET_ALIGNMENT) * PACKET_ALIGNMENT
+
+
+def packet(numel, groups, group_size):
+    """The packet of ``numel`` codes in ``groups`` groups of ``group_size`` elements (the quantizer's layout)."""
+    scales_at = _aligned(numel)
+    return Packet(numel, groups, group_size, scales_at, _aligned(scales_at + SCALE_BYTES * groups))

@@ -131,6 +131,11 @@ def _site_report(site, version, version_string, exclude, strict, replaced):
     return SiteReport(site.name, "missing (not patched)")
 
 
+def is_patched(name):
+    """Whether the site ``name`` (``Site.name``) is patched now."""
+    return name in _originals
+
+
 def _restore(name):
     owner, attr, original = _originals.pop(name)
     if original is _MISSING:

@@ -62,6 +62,15 @@ SITES = (
         "Why this seam: AllGatherCoalescedHandle.wait dequantizes a whole bucket, possibly of mixed dtypes, "
         "without a dtype on every release (slices stay fp16 before 0.17.2). Dequantizing in the bucket's "
         "common dtype (fp32 when mixed) and casting each slice once keeps every dtype and its precision."),
+    Site(None,
+         "_dist_allgather_fn",
+         gathers.FETCH_ALLGATHER,
+         "Why this seam: every fetch closure (bucket, single parameter, hpZ secondary) sends a quantized fetch as "
+         "two all-gathers through this function, the codes and then the scales: twice the collectives of an "
+         "unquantized fetch. Our quantizer returns both as views of one packet per rank and our handle seams "
+         "read packets, so the codes' call sends the whole packet and the scales' call sends nothing. The "
+         "closures are local functions; this module-level function is what they all call by name.",
+         module=PARTITION_PARAMETERS),
     Site("NoGatherHandle",
          "__init__",
          gathers.NO_GATHER,

@@ -1,10 +1,12 @@
 """Seams at DeepSpeed's gathers: the all-gather handles (one parameter, a bucket), the NoGather handles (a partition
 group of one rank) and Init's synchronous gathers. Each dequantizes gathered codes; the wrappers tell the patched
-quantizer the dtype to hand back and how the codes are laid out (``scope.dequant_target``)."""
+quantizer the dtype to hand back and how the codes are laid out (``scope.dequant_target``). The fetch's all-gather
+seam sends a fetch's codes and scales as one packet per rank, which the handles' seams then read."""
 import contextlib
 
 import torch
 
+from ... import ops
 from ...scope import dequant_target
 from .common import bucket_dtype, dtype_scoped, own_dtype, restore_dtypes, stored_quantized, weights_quantized
 
@@ -23,7 +25,10 @@ def _single_layout(handle, *args, **kwargs):
     """The sequential path narrows the gathered buffer to ``ds_numel``, so the per-rank blocks cannot be read off
     the codes (upstream divides by the scale count: scales land on the wrong elements when the partition is
     padded). Each rank quantized the partition it all-gathered: the hpZ secondary one where the parameter has it,
-    as upstream picks it."""
+    as upstream picks it. Packets say so themselves."""
+    packets = _packets(getattr(handle, "_AllGatherHandle__handle", None))
+    if packets is not None:
+        return {"packed": packets}
     param = handle._AllGatherHandle__param
     secondary = getattr(param, "ds_secondary_tensor", None)
     return {"block_numel": _partition_numel(secondary if secondary is not None else param.ds_tensor)}
@@ -74,12 +79,84 @@ def BUCKET_GATHER(original):
             return original(handle, *args, **kwargs)
         params = list(handle.params)
         dtypes = [own_dtype(p) for p in params]
-        stored = stored_quantized(_bucket_partition(handle, params[0]))
-        layout = {"segments": _stored_bucket_segments(handle)} if stored else {"blocks": handle.world_size}
+        packets = _packets(getattr(handle, "allgather_handle", None))
+        if packets is not None:
+            layout = {"packed": packets}
+        elif stored_quantized(_bucket_partition(handle, params[0])):
+            layout = {"segments": _stored_bucket_segments(handle)}
+        else:
+            layout = {"blocks": handle.world_size}
         with dequant_target(bucket_dtype(dtypes), **layout), _float_partition_views(params, dtypes):
             result = original(handle, *args, **kwargs)
         restore_dtypes(params, dtypes)
         return result
+
+    return wrapper
+
+
+# --- partition_parameters._dist_allgather_fn: a fetch's codes and scales in one all-gather ----------------------
+
+
+class PacketGather:
+    """The one all-gather of a fetch's packets (``formats/int8.py``), returned for both of DeepSpeed's all-gathers
+    (codes, then scales): waiting on it again returns at once. ``received`` holds every rank's packet, ``layout``
+    their ``int8.Packet``."""
+
+    def __init__(self, work, received, layout):
+        self.work, self.received, self.layout = work, received, layout
+        self._done = False
+
+    def wait(self, *args, **kwargs):
+        if not self._done:
+            self.work.wait(*args, **kwargs)
+            self._done = True
+        return True
+
+
+_SENT = "zeropp_sent"  # attribute of a packet: its PacketGather, or None once its scales went on their own
+READERS = ("AllGatherHandle.wait", "AllGatherCoalescedHandle.wait")  # the seams that read packets
+
+
+def _packets(work):
+    """``(received, layout)`` of a handle's all-gather when it carried packets, else None."""
+    return (work.received, work.layout) if isinstance(work, PacketGather) else None
+
+
+def _readers_patched():
+    from .. import apply  # the seams are built by apply; imported when first needed
+    return all(apply.is_patched(name) for name in READERS)
+
+
+def FETCH_ALLGATHER(original):
+    """Seam factory for ``partition_parameters._dist_allgather_fn``: the all-gather that a fetch closure calls for
+    its codes and then for its scales. The patched quantizer returns both as views of one packet; when the codes of
+    a packet come here, the whole packet is all-gathered (into a new buffer of a packet per rank) and the
+    ``PacketGather`` handle is returned, also for the scales that follow, which then send nothing. Anything else
+    (unquantized buckets, stored MixZ++ codes, codes moved off their packet, scales sent first), and any call while
+    the handles' seams that read packets are not patched, runs the original."""
+
+    def wrapper(input_tensor, output_tensor, group=None):
+        found = ops.packet_of(input_tensor)
+        if found is None:
+            return original(input_tensor, output_tensor, group)
+        packet, layout = found
+        if input_tensor.dtype == torch.float32:  # the scales
+            sent = getattr(packet, _SENT, None)
+            if sent is not None and input_tensor.data_ptr() == packet.data_ptr() + layout.scales_at:
+                return sent
+            setattr(packet, _SENT, None)
+            return original(input_tensor, output_tensor, group)
+        codes = (input_tensor.dtype == torch.int8 and input_tensor.data_ptr() == packet.data_ptr()
+                 and input_tensor.numel() == layout.numel > 0 and output_tensor.numel() % layout.numel == 0)
+        if not codes or hasattr(packet, _SENT) or not _readers_patched():
+            setattr(packet, _SENT, None)
+            return original(input_tensor, output_tensor, group)
+        received = torch.empty(output_tensor.numel() // layout.numel * layout.nbytes,
+                               dtype=torch.uint8,
+                               device=output_tensor.device)
+        sent = PacketGather(original(packet, received, group), received, layout)
+        setattr(packet, _SENT, sent)
+        return sent
 
     return wrapper
 

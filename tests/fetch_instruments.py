@@ -1,0 +1,113 @@
+"""Instruments of the fetch tests (``spec["instruments"]``; hooks as in deepspeed_zeropp/_harness/worker.py): what the
+ZeRO-3 weight fetches cost in collectives and operations, and whether packets carried them.
+
+- every run reports ``collectives``: all-gathers issued through DeepSpeed's communication backend during the training
+  steps, in all (``all_gathers``) and by the dtype of what was sent (``uint8``: packets; ``int8``: codes sent on
+  their own; ``float32`` also counts fp32 scales sent on their own), and ``packets``: packet all-gathers issued by
+  the fetch seam (``PacketGather`` handles made). Name this module before others whose ``after_training`` gathers.
+- a run with ``fetch_cost`` also reports ``fetch_cost`` after training: one fetch of the model's largest module
+  with several parameters (a bucket) and of its largest parameter alone (a single-parameter fetch), each counted
+  from the fetch call to the end of its wait: ``all_gathers``, ``ops`` (aten operations that ran) and ``kernels``
+  (those that compute or copy, i.e. would launch a kernel on a GPU: every aten operation but views, allocations
+  and metadata; the collectives are not among them), with the names of the kernel operations.
+"""
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# aten operations that launch no kernel: views, allocations, metadata
+NO_KERNEL = {
+    "empty", "empty_strided", "view", "_unsafe_view", "slice", "narrow", "alias", "detach", "as_strided", "unsqueeze",
+    "squeeze", "expand", "select", "t", "transpose", "reshape", "split", "split_with_sizes", "unbind", "lift_fresh",
+    "_to_copy_noop", "set_", "resize_", "record_stream"
+}
+
+
+def _input_of(args, kwargs):
+    """The sent tensor of a TorchBackend all-gather call (self, output, input, ...), by keyword or position."""
+    if "input_tensor" in kwargs:
+        return kwargs["input_tensor"]
+    if "tensor" in kwargs:
+        return kwargs["tensor"]
+    return args[2] if len(args) > 2 else None
+
+
+def _dtype_is(dtype):
+    return lambda *a, **k: getattr(_input_of(a, k), "dtype", None) == dtype
+
+
+def before_step(job, step):
+    if step != 0:
+        return
+    from deepspeed.comm import comm
+    from deepspeed_zeropp.patching.seams import gathers
+    backend = type(comm.cdb)
+    counters = job.counters("collectives")
+    counters.spy(backend, "all_gather_into_tensor", "all_gathers")
+    counters.spy(backend, "all_gather", "all_gathers")
+    for dtype in (torch.uint8, torch.int8, torch.float32):
+        counters.spy(backend, "all_gather_into_tensor", str(dtype).split(".")[1], _dtype_is(dtype))
+    job.counters("packets").spy(gathers.PacketGather, "__init__", "packet_all_gathers")
+
+
+class _Ops(TorchDispatchMode):
+
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[f"{func.namespace}::{func.overloadpacket.__name__}"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _count_fetch(params, quantize):
+    """Operations and all-gathers of one fetch of ``params`` (partitioned), from the call to the end of its wait;
+    the parameters are partitioned again afterwards."""
+    from deepspeed.comm import comm
+    backend = type(comm.cdb)
+    original = backend.__dict__["all_gather_into_tensor"]
+    gathers = []
+
+    def counting(*args, **kwargs):
+        gathers.append(str(_input_of(args, kwargs).dtype))
+        return original(*args, **kwargs)
+
+    backend.all_gather_into_tensor = counting
+    try:
+        with _Ops() as mode:
+            params[0].all_gather_coalesced(params, quantize=quantize).wait()
+    finally:
+        backend.all_gather_into_tensor = original
+    params[0].partition(params)
+    kernels = {
+        name: n
+        for name, n in mode.ops.items() if name.startswith("aten::") and name[len("aten::"):] not in NO_KERNEL
+    }
+    return {
+        "params": len(params),
+        "all_gathers": len(gathers),
+        "sent": gathers,
+        "ops": sum(mode.ops.values()),
+        "kernels": sum(kernels.values()),
+        "kernel_ops": dict(sorted(kernels.items())),
+    }
+
+
+def after_training(job):
+    """Runs first (this module comes first in the tests' instrument list): the counts of the training steps are
+    frozen before other instruments gather parameters."""
+    for field in ("collectives", "packets"):
+        job.result[field] = dict(job.result.get(field, {}))
+    if not job.run.get("fetch_cost"):
+        return
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    module = job.engine.module
+    groups = [list(m.parameters(recurse=False)) for m in module.modules()]
+    bucket = max((g for g in groups if len(g) > 1), key=lambda g: sum(p.ds_numel for p in g))
+    single = [max(module.parameters(), key=lambda p: p.ds_numel)]
+    assert all(p.ds_status == ZeroParamStatus.NOT_AVAILABLE for p in bucket + single)
+    quantize = bool(job.run.get("quantized"))
+    torch.distributed.barrier()
+    job.result["fetch_cost"] = {"bucket": _count_fetch(bucket, quantize), "single": _count_fetch(single, quantize)}

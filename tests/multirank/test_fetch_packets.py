@@ -1,0 +1,118 @@
+"""One all-gather per quantized fetch (over gloo, the installed DeepSpeed): the codes and scales of a quantized bucket,
+single parameter or hpZ secondary fetch travel as one packet per rank (patching/seams/gathers.py, the wire layout in
+docs/numerics.md). Each job trains the same model from the same seed with packets (``packed``) and with the fetch
+seam left out (``split``: DeepSpeed's two all-gathers, codes then scales): training is bit for bit the same (the
+torch backend's arithmetic is deterministic), every quantized fetch sends one packet, and a step issues no more
+all-gathers than the unquantized run's."""
+import pytest
+
+from deepspeed_zeropp._harness.launch import run_job
+from tests.helpers import STEPS, assert_trained_like_baseline, has_sequential_flag
+
+SPLIT = ["partition_parameters._dist_allgather_fn"]
+INSTRUMENTS = ["tests.fetch_instruments", "tests.harness_instruments"]  # see fetch_instruments
+
+
+def job(runs, model="bert", dtype="bf16", world_size=2, **extra):
+    spec = {
+        "model": model,
+        "dtype": dtype,
+        "patch": True,
+        "steps": STEPS,
+        "seed": 0,
+        "runs": runs,
+        "instruments": INSTRUMENTS,
+        **extra
+    }
+    return run_job(spec, world_size=world_size, timeout=900)
+
+
+def pair(name, **run):
+    """The packed run and its split twin."""
+    return [dict(run, name=name, digest=True), dict(run, name=f"{name}_split", digest=True, exclude_sites=SPLIT)]
+
+
+def assert_packed_like_split(result, name, gather_kind):
+    runs = result["runs"]
+    packed, split = runs[name], runs[f"{name}_split"]
+    assert_trained_like_baseline(result, name, gather_kind)
+    assert_trained_like_baseline(result, f"{name}_split", gather_kind)
+    assert packed["losses"] == split["losses"]
+    assert packed["digest"] == split["digest"]
+    # every quantized fetch sent one packet and no codes on their own; the split twin sent none
+    assert packed["packets"].get("packet_all_gathers", 0) > 0 and packed["collectives"].get("int8", 0) == 0
+    assert packed["collectives"]["uint8"] == packed["packets"]["packet_all_gathers"]
+    assert split["packets"].get("packet_all_gathers", 0) == 0 and split["collectives"].get("int8", 0) > 0
+    assert split["collectives"]["all_gathers"] == packed["collectives"]["all_gathers"] + split["collectives"]["int8"]
+
+
+@pytest.fixture(scope="module")
+def bert_bf16():
+    runs = [{"name": "baseline", "fetch_cost": True}] + pair("coalesced", quantized=True, fetch_cost=True)
+    if has_sequential_flag():
+        runs += [{"name": "baseline_sequential", "sequential": True}]
+        runs += pair("sequential", quantized=True, sequential=True)
+    return job(runs)
+
+
+def test_bucket_fetches_send_one_packet(bert_bf16):
+    """BERT bf16 (partitions of 257 elements: padded, in groups with a short last one): bit for bit the split
+    run, one all-gather per quantized fetch, as many all-gathers per step as unquantized."""
+    assert_packed_like_split(bert_bf16, "coalesced", "quantized_bucket_gathers")
+    runs = bert_bf16["runs"]
+    assert runs["coalesced"]["collectives"]["all_gathers"] == runs["baseline"]["collectives"]["all_gathers"]
+
+
+def test_single_parameter_fetches_send_one_packet(bert_bf16):
+    if not has_sequential_flag():
+        pytest.skip("this DeepSpeed has no stage3_allgather_sequential")
+    assert_packed_like_split(bert_bf16, "sequential", "quantized_single_gathers")
+    runs = bert_bf16["runs"]
+    unquantized = runs["baseline_sequential"]["collectives"]["all_gathers"]
+    assert runs["sequential"]["collectives"]["all_gathers"] == unquantized
+
+
+def test_fetch_cost(bert_bf16):
+    """One fetch, counted: one all-gather (of bytes) where the split fetch has two, and at most as many kernel
+    operations as the split fetch."""
+    runs = bert_bf16["runs"]
+    for kind in ("bucket", "single"):
+        baseline, packed, split = (runs[name]["fetch_cost"][kind]
+                                   for name in ("baseline", "coalesced", "coalesced_split"))
+        assert baseline["all_gathers"] == packed["all_gathers"] == 1 and packed["sent"] == ["torch.uint8"], runs
+        assert split["all_gathers"] == 2 and split["sent"] == ["torch.int8", "torch.float32"], runs
+        assert packed["kernels"] <= split["kernels"], (packed, split)
+
+
+def test_mixed_dtype_bucket():
+    """A bucket of an fp32 and a bf16 parameter: one packet, where unquantized ZeRO-3 sends one all-gather per
+    dtype."""
+    result = job([{"name": "baseline"}] + pair("mixed", quantized=True), model="mixed", dtype="fp32")
+    assert_packed_like_split(result, "mixed", "quantized_bucket_gathers")
+    runs = result["runs"]
+    assert runs["mixed"]["collectives"]["all_gathers"] <= runs["baseline"]["collectives"]["all_gathers"]
+
+
+def test_mixz_trainable_fetches_send_one_packet():
+    """MixZ++ with qwZ on a partly frozen BERT: the trainable weights' fetches send packets; the frozen weights'
+    stored codes keep their two all-gathers (the closures concatenate or alias them, out of the quantizer's reach),
+    with the same values either way."""
+    runs = [{"name": "baseline"}] + pair("mixz_qwz", quantized=True, quantized_nontrainable=True)
+    result = job(runs, frozen=["embeddings", "attention"], steps=3)
+    runs = result["runs"]
+    packed, split = runs["mixz_qwz"], runs["mixz_qwz_split"]
+    assert packed["losses"] == split["losses"] and packed["digest"] == split["digest"]
+    assert packed["packets"].get("packet_all_gathers", 0) > 0
+    assert packed["collectives"]["all_gathers"] < split["collectives"]["all_gathers"]
+
+
+def test_hpz_secondary_fetches_send_one_packet():
+    """zero_hpz_partition_size 2 at 4 ranks: the secondary-partition fetches (inside each hpZ group) send packets,
+    bit for bit the split run."""
+    result = job([{"name": "baseline", "hpz": 2}] + pair("hpz", quantized=True, hpz=2), world_size=4, steps=3)
+    runs = result["runs"]
+    packed, split = runs["hpz"], runs["hpz_split"]
+    assert "error" not in packed, packed.get("traceback")
+    assert packed["losses"] == split["losses"] and packed["digest"] == split["digest"]
+    assert packed["packets"]["packet_all_gathers"] > 0 and packed["collectives"].get("int8", 0) == 0
+    assert packed["collectives"]["all_gathers"] == runs["baseline"]["collectives"]["all_gathers"]

@@ -1,0 +1,178 @@
+"""Packets (docs/numerics.md, "Packets"): a rank's codes and scales in one byte buffer, gathered in one all-gather and
+read in place; the fetch seam that sends them (patching/seams/gathers.py). Values bit for bit those of the codes and
+scales sent apart, with and without a backend's in-place entry points."""
+import types
+
+import pytest
+import torch
+
+from deepspeed_zeropp import ops
+from deepspeed_zeropp.backends import torch_ref
+from deepspeed_zeropp.formats import int8
+from deepspeed_zeropp.grouping import group_layout
+from deepspeed_zeropp.patching.seams import gathers
+from tests.helpers import assert_bitwise
+
+SIZES = [1, 15, 16, 257, 8000, 8001, 16000, 24576, 40000]
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+@pytest.mark.parametrize("numel", SIZES)
+def test_packet_layout(numel):
+    """Codes at 0, scales at the next multiple of 16 bytes, the packet a multiple of 16 bytes."""
+    layout = group_layout(numel)
+    packet = int8.packet(numel, layout.groups, layout.group_size)
+    assert packet.scales_at % 16 == 0 and numel <= packet.scales_at < numel + 16
+    assert packet.nbytes % 16 == 0 and packet.scales_at + 4 * layout.groups <= packet.nbytes
+    assert packet.nbytes < packet.scales_at + 4 * layout.groups + 16
+
+
+@pytest.mark.parametrize("numel", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantize_packed_equals_quantize(numel, dtype):
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(numel)).to(dtype) * 3
+    codes, scales = ops.quantize_packed(x, backend="torch")
+    expected_codes, expected_scales = ops.quantize(x, backend="torch")
+    assert_bitwise(codes, expected_codes)
+    assert_bitwise(scales, expected_scales)
+    buffer, layout = ops.packet_of(codes)
+    assert ops.packet_of(scales)[0] is buffer and buffer.dtype == torch.uint8 and buffer.numel() == layout.nbytes
+    assert codes.data_ptr() == buffer.data_ptr() and scales.data_ptr() == buffer.data_ptr() + layout.scales_at
+
+
+def _gathered(parts):
+    """What an all-gather of packets (one per rank) and of codes and scales apart would receive."""
+    packed = [ops.quantize_packed(part, backend="torch") for part in parts]
+    received = torch.cat([ops.packet_of(codes)[0] for codes, _ in packed])
+    codes = torch.cat([codes.view(-1) for codes, _ in packed])
+    scales = torch.cat([scales for _, scales in packed])
+    return received, ops.packet_of(packed[0][0])[1], codes, scales
+
+
+@pytest.mark.parametrize("numel", [257, 8001, 16000, 40000])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_dequantize_packed_equals_blocks(numel, dtype, ranks):
+    """Read in place (the torch backend) or copied out first (a backend without dequantize_ranks): bit for bit the
+    dequantization of the codes and scales gathered apart, also for a prefix (a padded partition)."""
+    parts = [torch.randn(numel, generator=torch.Generator().manual_seed(r)).to(dtype) for r in range(ranks)]
+    received, layout, codes, scales = _gathered(parts)
+    for count in (ranks * numel, ranks * numel - 5):
+        expected = ops.dequantize(codes[:count], scales, dtype, block_numel=numel, backend="torch")
+        assert_bitwise(ops.dequantize_packed(received, layout, (count, ), dtype, backend="torch"), expected)
+
+
+def test_backends_without_in_place_entry_points(monkeypatch):
+    """The copies around a backend's plain quantize / dequantize give the same bits."""
+    parts = [torch.randn(8001, generator=torch.Generator().manual_seed(r)).to(torch.bfloat16) for r in range(2)]
+    received, layout, codes, scales = _gathered(parts)
+    expected = ops.dequantize(codes, scales, torch.bfloat16, block_numel=8001, backend="torch")
+    plain = types.SimpleNamespace(NAME="torch", quantize=torch_ref.quantize, dequantize=torch_ref.dequantize)
+    monkeypatch.setattr(ops, "resolve_backend", lambda name, device: plain)
+    ops.forget_signatures()
+    try:
+        again, _ = ops.quantize_packed(parts[0], backend="torch")
+        assert_bitwise(again, codes[:8001].view(again.shape))
+        assert_bitwise(ops.dequantize_packed(received, layout, (16002, ), torch.bfloat16, backend="torch"), expected)
+    finally:
+        ops.forget_signatures()
+
+
+def test_explicit_equal_groups():
+    x = torch.randn(2, 4096)
+    codes, scales = ops.quantize_packed(x, groups=4, backend="torch")
+    assert scales.numel() == 4 and codes.shape == x.shape
+    buffer, layout = ops.packet_of(codes)
+    received = torch.cat([buffer, buffer])
+    expected = ops.dequantize(torch.cat([codes.view(-1)] * 2), torch.cat([scales] * 2), torch.float32, group_size=2048)
+    assert_bitwise(ops.dequantize_packed(received, layout, (2, 8192), torch.float32, backend="torch"),
+                   expected.view(2, 8192))
+
+
+def test_bad_packets():
+    codes, _ = ops.quantize_packed(torch.randn(300), backend="torch")
+    buffer, layout = ops.packet_of(codes)
+    with pytest.raises(ValueError, match="contiguous 1-D uint8"):
+        ops.dequantize_packed(buffer.view(torch.int8), layout, (300, ))
+    with pytest.raises(ValueError, match="not packets of"):
+        ops.dequantize_packed(buffer[:-16], layout, (300, ))
+    with pytest.raises(ValueError, match="not packets of"):
+        ops.dequantize_packed(buffer, layout, (301, ))
+    with pytest.raises(TypeError, match="int8.Packet"):
+        ops.dequantize_packed(buffer, (300, 1), (300, ))
+    with pytest.raises(TypeError, match="torch.int32"):
+        ops.dequantize_packed(buffer, layout, (300, ), torch.int32)
+    with pytest.raises(TypeError, match="torch.int32"):
+        ops.quantize_packed(torch.zeros(4, dtype=torch.int32))
+    assert ops.packet_of(torch.zeros(3)) is None
+
+
+class _Work:
+
+    def __init__(self):
+        self.waits = 0
+
+    def wait(self):
+        self.waits += 1
+        return True
+
+
+class _Sent:
+    """A stand-in for DeepSpeed's _dist_allgather_fn: records what each call sends and returns a work handle."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, input_tensor, output_tensor, group=None):
+        self.calls.append((input_tensor, output_tensor))
+        return _Work()
+
+
+@pytest.fixture
+def fetch(monkeypatch):
+    monkeypatch.setattr(gathers, "_readers_patched", lambda: True)
+    sent = _Sent()
+    return sent, gathers.FETCH_ALLGATHER(sent)
+
+
+def test_fetch_sends_one_packet(fetch):
+    sent, seam = fetch
+    codes, scales = ops.quantize_packed(torch.randn(257, dtype=torch.bfloat16), backend="torch")
+    handle = seam(codes, torch.empty(2 * 257, dtype=torch.int8))
+    assert seam(scales, torch.empty(2 * scales.numel())) is handle
+    (packet, received), = sent.calls
+    assert packet is ops.packet_of(codes)[0] and received.dtype == torch.uint8
+    assert received.numel() == 2 * ops.packet_of(codes)[1].nbytes
+    handle.wait()
+    handle.wait()
+    assert handle.work.waits == 1 and gathers._packets(handle) == (received, ops.packet_of(codes)[1])
+
+
+def test_fetch_sends_anything_else_as_upstream(fetch, monkeypatch):
+    sent, seam = fetch
+    plain = torch.randn(8)
+    seam(plain, torch.empty(16))  # not a packet
+    codes, scales = ops.quantize_packed(torch.randn(64), backend="torch")
+    seam(scales, torch.empty(2))  # scales first: both go on their own
+    seam(codes, torch.empty(128, dtype=torch.int8))
+    moved, _ = ops.quantize_packed(torch.randn(64), backend="torch")
+    seam(moved.clone(), torch.empty(128, dtype=torch.int8))  # codes off their packet
+    assert [call[0] for call in sent.calls[:3]] == [plain, scales, codes] and len(sent.calls) == 4
+    monkeypatch.setattr(gathers, "_readers_patched", lambda: False)
+    codes, scales = ops.quantize_packed(torch.randn(64), backend="torch")
+    seam(codes, torch.empty(128, dtype=torch.int8))  # the seams that read packets are not there
+    seam(scales, torch.empty(2))
+    assert [call[0] for call in sent.calls[4:]] == [codes, scales]
+
+
+def test_packets_only_where_the_handles_read_them():
+    from deepspeed_zeropp.patching import apply
+    try:
+        apply.patch(backend="torch", exclude=["AllGatherHandle.wait"])
+        assert not gathers._readers_patched()
+        apply.unpatch()
+        apply.patch(backend="torch")
+        assert gathers._readers_patched()
+    finally:
+        apply.unpatch()
+    assert not gathers._readers_patched()
