@@ -1,4 +1,4 @@
-"""Command line: ``python -m deepspeed_zeropp doctor | demo | bench`` (also the ``deepspeed-zeropp`` script)."""
+"""Command line: ``python -m deepspeed_zeropp doctor | demo | simulate | bench`` (also ``deepspeed-zeropp``)."""
 import argparse
 import sys
 
@@ -12,6 +12,11 @@ def main(argv=None):
     demo = commands.add_parser("demo", help="2-rank ZeRO-3 bf16 training with zero_quantized_weights, both ways")
     demo.add_argument("--steps", type=int, default=5)
     demo.add_argument("--device", choices=["auto", "cpu", "cuda-shared"], default="auto")
+    simulate = commands.add_parser("simulate",
+                                   help="ZeRO-3 step time of each ZeRO++ configuration on a cluster you describe, "
+                                   "measured as rank 0 of it on this GPU")
+    from .simulate import command as simulate_command
+    simulate_command.add_arguments(simulate)
     bench = commands.add_parser("bench", help="run the kernel benchmarks (needs a CUDA GPU)")
     bench.add_argument("--out", default="benchmarks/results")
     bench.add_argument("--name", help="file name stem of the results (default: kernels_<gpu>)")
@@ -22,6 +27,8 @@ def main(argv=None):
     if args.command == "demo":
         from .demo import run
         return run(steps=args.steps, device=args.device)
+    if args.command == "simulate":
+        return simulate_command.run(args)
     from .bench import run
     return run(out=args.out, name=args.name)
 

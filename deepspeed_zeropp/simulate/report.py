@@ -1,0 +1,101 @@
+"""Figures from a simulated run's results (runner.run): per configuration and link the median step time with its
+spread over repetitions, ratios taken within each repetition, and the checks every reported run must pass."""
+import statistics
+
+from .runner import CONFIGS, UPSTREAM_OF
+
+
+def _spread(values):
+    return {"median": statistics.median(values), "low": min(values), "high": max(values), "n": len(values)}
+
+
+def summary(results):
+    """{link: {config: figures}} and {link: {"A vs B": ratio spread}}; ratio = B's step time / A's (speed-up of A)."""
+    table, ratios = {}, {}
+    configs = results["configs"]
+    for link in results["links"]:
+        rows = table.setdefault(link, {})
+        for key in configs:
+            runs = [rep[key] for rep in results["reps"] if key in rep]
+            per_link = [run["by_link"][link] for run in runs]
+            first, once = runs[0], results.get("runs", {}).get(key, {})
+            rows[key] = {
+                "label": CONFIGS[key].label,
+                "step_ms": _spread([r["median_ms"] for r in per_link]),
+                "cpu_ms": _spread([r["median_cpu_ms"] for r in per_link]),
+                "collectives_per_step": first["by_link"][link]["collectives"],
+                "wire_mb_per_step": first["by_link"][link]["wire_mb"],
+                "modelled_link_ms_per_step": first["by_link"][link]["modelled_link_ms"],
+                "kernel_ms_per_step": once.get("kernel_ms_per_step"),
+                "kernel_launches_per_step": once.get("kernel_launches_per_step"),
+                "peak_memory_gb": max((r.get("peak_memory_gb") or 0 for r in runs), default=None) or None,
+                "build_s": once.get("build_s"),
+            }
+        pairs = [(key, "unquantized") for key in configs if key != "unquantized"]
+        pairs += [(ours, up) for ours, up in UPSTREAM_OF.items() if ours in configs and up in configs]
+        for a, b in pairs:
+            values = [
+                rep[b]["by_link"][link]["median_ms"] / rep[a]["by_link"][link]["median_ms"] for rep in results["reps"]
+                if a in rep and b in rep
+            ]
+            if values:
+                spread = _spread(values)
+                spread["beyond_noise"] = spread["low"] > 1 or spread["high"] < 1
+                ratios.setdefault(link, {})[f"{a} vs {b}"] = spread
+    return table, ratios
+
+
+def problems(results):
+    """Every reason a run may not be reported: a skipped step, a non-finite loss, a quantized path that never ran."""
+    found = []
+    for i, rep in enumerate(results["reps"]):
+        for key, run in rep.items():
+            where = f"repetition {i + 1}, {CONFIGS[key].label}"
+            if run.get("skipped_steps"):
+                found.append(f"{where}: {run['skipped_steps']} skipped step(s)")
+            if not run.get("finite", False):
+                found.append(f"{where}: non-finite loss")
+            for link, figures in run["by_link"].items():
+                found += [f"{where}, {link}: {p}" for p in figures["problems"]]
+    return found
+
+
+def recommend(table, link):
+    """The fastest configuration under ``link`` and the DeepSpeed flags that select it."""
+    rows = table[link]
+    best = min(rows, key=lambda key: rows[key]["step_ms"]["median"])
+    zero = dict(CONFIGS[best].zero)
+    flags = {k: v for k, v in zero.items() if k != "hpz"}
+    if zero.get("hpz"):
+        flags["zero_hpz_partition_size"] = "GPUs per node"
+    return best, flags
+
+
+def markdown_table(table, ratios, link):
+    lines = [
+        "| configuration | step ms (median, low-high) | vs unquantized | vs upstream | host CPU ms | GPU kernel ms "
+        "| launches | collectives | MiB sent intra / inter | peak GiB |", "|---|---|---|---|---|---|---|---|---|---|"
+    ]
+    for key, row in table[link].items():
+        step = row["step_ms"]
+        vs_unq = ratios.get(link, {}).get(f"{key} vs unquantized")
+        vs_up = ratios.get(link, {}).get(f"{key} vs {UPSTREAM_OF.get(key)}")
+        wire = row["wire_mb_per_step"]
+
+        def fmt(value, spec=".0f"):
+            return "-" if value is None else format(value, spec)
+
+        lines.append(
+            f"| {row['label']} | {step['median']:.0f} ({step['low']:.0f}-{step['high']:.0f}) | "
+            f"{_ratio(vs_unq)} | {_ratio(vs_up)} | {row['cpu_ms']['median']:.0f} | "
+            f"{fmt(row['kernel_ms_per_step'])} | {fmt(row['kernel_launches_per_step'])} | "
+            f"{sum(row['collectives_per_step'].values()):.0f} | "
+            f"{wire.get('intra', 0):.0f} / {wire.get('inter', 0):.0f} | {fmt(row['peak_memory_gb'], '.1f')} |")
+    return "\n".join(lines)
+
+
+def _ratio(spread):
+    if not spread:
+        return "-"
+    mark = "" if spread["beyond_noise"] else " (noise)"
+    return f"{spread['median']:.2f}x ({spread['low']:.2f}-{spread['high']:.2f}){mark}"

@@ -1,0 +1,336 @@
+"""Train ZeRO-3 configurations as rank 0 of a simulated world, interleaved, and measure each one's steps.
+
+A repetition builds every configuration's engine in turn (the order rotated one further each repetition: A B C,
+B C A, ...), trains its warm-up steps, then its timed steps under each link model in turn, and releases it; so
+every configuration meets the same host and GPU state, and a ratio between two is taken within one repetition.
+Per run: step times, host CPU time, losses, skipped steps, collectives (by kind, dtype and link class) and the
+bytes this rank sends per link class; in the first repetition also the GPU kernel time and launches of two
+profiled steps and the peak memory.
+"""
+import math
+import statistics
+import time
+from typing import NamedTuple, Optional
+
+import torch
+
+from . import model as models, world
+
+QWZ = {"zero_quantized_weights": True}
+QGZ = {"zero_quantized_weights": True, "zero_quantized_gradients": True}
+HPZ = dict(QGZ, hpz=True)
+
+
+class Config(NamedTuple):
+    label: str
+    patched: bool
+    zero: dict
+    multi_node: bool = False  # qgZ and hpZ need 2 or more nodes (DeepSpeed refuses qgZ's groups on one)
+
+
+CONFIGS = {  # the order within a repetition
+    "unquantized": Config("unquantized", False, {}),
+    "ours-qwz": Config("ours qwZ", True, QWZ),
+    "upstream-qwz": Config("upstream qwZ", False, QWZ),
+    "ours-qwz-qgz": Config("ours qwZ+qgZ", True, QGZ, True),
+    "upstream-qwz-qgz": Config("upstream qwZ+qgZ", False, QGZ, True),
+    "ours-qwz-qgz-hpz": Config("ours qwZ+qgZ+hpZ", True, HPZ, True),
+    "upstream-qwz-qgz-hpz": Config("upstream qwZ+qgZ+hpZ", False, HPZ, True),
+}
+UPSTREAM_OF = {key: key.replace("ours", "upstream") for key in CONFIGS if key.startswith("ours")}
+
+
+def available(keys, topology, device):
+    """The configurations of ``keys`` this world can run, and why each other one is left out."""
+    kept, left_out = [], {}
+    for key in keys:
+        config = CONFIGS[key]
+        if config.multi_node and topology.nodes < 2:
+            left_out[key] = "needs 2 or more nodes"
+        elif device == "cpu" and config.zero and not config.patched:
+            left_out[key] = "DeepSpeed's quantizer op needs CUDA"
+        else:
+            kept.append(key)
+    return kept, left_out
+
+
+def ds_config(config, shape, topology, micro_batch, dtype, reuse_distance=None):
+    """The user's DeepSpeed config for this model: the HF Trainer's "auto" bucket sizes for its width.
+
+    ``reuse_distance``: DeepSpeed's ``stage3_max_reuse_distance`` (its default, 1e9 parameters, keeps a small model's
+    weights gathered from forward to backward, so hpZ's node-local re-fetch never runs; 0 releases every one)."""
+    zero = {
+        "stage": 3,
+        "reduce_bucket_size": shape.width**2,
+        "stage3_prefetch_bucket_size": int(0.9 * shape.width**2),
+        "stage3_param_persistence_threshold": 10 * shape.width,
+        **{
+            k: v
+            for k, v in config.zero.items() if k != "hpz"
+        },
+    }
+    if config.zero.get("hpz"):
+        zero["zero_hpz_partition_size"] = topology.gpus_per_node
+    if reuse_distance is not None:
+        zero["stage3_max_reuse_distance"] = reuse_distance
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": zero,
+        "bf16": {
+            "enabled": dtype == torch.bfloat16
+        },
+        "fp16": {
+            "enabled": dtype == torch.float16
+        },
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def set_patch(patched, backend="auto"):
+    from ..patching import apply
+    apply.unpatch()
+    if patched:
+        apply.patch(backend=backend)
+
+
+def build(config, shape, topology, micro_batch, dtype, reuse_distance=None):
+    import deepspeed
+    torch.manual_seed(0)
+    ds = ds_config(config, shape, topology, micro_batch, dtype, reuse_distance)
+    with deepspeed.zero.Init(config_dict_or_path=ds, dtype=dtype):
+        net = models.GPT(shape)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    engine, *_ = deepspeed.initialize(model=net, optimizer=optimizer, config=ds)
+    return engine
+
+
+def release(engine):
+    """Leave nothing of a finished engine reachable, so the next configuration starts where this one did.
+
+    ``destroy`` removes ZeRO-3's hooks (autograd holds those on gradient accumulation in C++, out of the garbage
+    collector's sight). Two process-wide references of DeepSpeed outlive it and keep every parameter and the
+    optimizer through ``_z3_optimizer``: ``FWD_MODULE_STACK``, onto which each engine pushes its top module, and
+    the parameter coordinator's class-level ``lru_cache`` of parameters to release."""
+    import gc
+    from deepspeed.runtime.zero import parameter_offload, partitioned_param_coordinator
+    engine.destroy()
+    own = {id(module) for module in engine.module.modules()}
+    parameter_offload.FWD_MODULE_STACK[:] = [m for m in parameter_offload.FWD_MODULE_STACK if id(m) not in own]
+    for cache in method_caches(partitioned_param_coordinator.PartitionedParameterCoordinator):
+        cache.cache_clear()
+    from deepspeed.utils import groups
+    groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None  # hpZ's group, else adopted by every later engine
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def method_caches(cls):
+    """The ``functools`` caches of ``cls``'s methods, also under wrappers without ``functools.wraps``."""
+    for method in vars(cls).values():
+        cells = getattr(method, "__closure__", None) or ()
+        for candidate in (method, *(cell.cell_contents for cell in cells)):
+            if hasattr(candidate, "cache_clear"):
+                yield candidate
+
+
+def step(engine, shape, micro_batch, index):
+    """One optimizer step; (loss, wall ms, host CPU ms). The loss's ``item()`` waits for the GPU."""
+    tokens, labels = models.batch(shape, micro_batch, index, engine.device)
+    wall, cpu = time.perf_counter(), time.process_time()
+    loss = engine(tokens, labels)
+    engine.backward(loss)
+    engine.step()
+    value = loss.item()
+    return value, (time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3
+
+
+def profiled(engine, shape, micro_batch, first, steps=2):
+    """GPU kernel time and kernel launches per step, over ``steps`` profiled steps (not the timed ones)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            step(engine, shape, micro_batch, first + i)
+    kernels = [
+        e for e in prof.events()
+        if e.device_type == DeviceType.CUDA and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()
+    ]
+    return {
+        "kernel_ms_per_step": sum(e.device_time_total for e in kernels) / 1e3 / steps,
+        "kernel_launches_per_step": len(kernels) / steps,
+    }
+
+
+def counted(steps):
+    """Collectives (kind/dtype/link class), MiB sent and modelled link time per link class, per step, since the
+    last reset."""
+    return {
+        "collectives": {
+            "/".join(key): n / steps
+            for key, n in sorted(world.STATE.counts.items())
+        },
+        "wire_mb": {
+            k: v / 2**20 / steps
+            for k, v in world.STATE.wire_bytes.items()
+        },
+        "modelled_link_ms": {
+            k: v / 1e3 / steps
+            for k, v in world.STATE.modelled_us.items()
+        },
+    }
+
+
+def proof(key, collectives, topology):
+    """What the run's collectives must show for the configuration to have run as named (empty when it did)."""
+    config, problems = CONFIGS[key], []
+    # Quantized weights travel as int8 codes (upstream: codes, then fp32 scales) or as byte packets (ours: codes
+    # and scales in one buffer, docs/numerics.md)
+    int8_gathers = sum(n for k, n in collectives.items()
+                       if k.split("/")[:2] in (["all_gather", "int8"], ["all_gather", "uint8"]))
+    if config.zero.get("zero_quantized_weights") and not int8_gathers:
+        problems.append("no int8 all-gather")
+    if not config.zero and int8_gathers:
+        problems.append("int8 all-gathers in an unquantized run")
+    if config.zero.get("zero_quantized_gradients") and not any(
+            k.startswith("all_to_all/int8") or k.startswith("all_to_all/uint8") for k in collectives):
+        problems.append("no 4-bit all-to-all")
+    if config.zero.get("hpz") and topology.nodes > 1 and not any(
+            k.startswith("all_gather/") and k.endswith("/intra") for k in collectives):
+        problems.append("no node-local (hpZ) all-gather")
+    return problems
+
+
+class Plan(NamedTuple):
+    """What to measure: a model ``shape`` in a ``topology``, under each of ``links`` ({name: link.Link, or None for
+    a free link}), ``steps`` timed steps after ``warmup`` untimed ones per link, ``reps`` repetitions."""
+    shape: models.Shape
+    topology: world.Topology
+    links: dict
+    keys: tuple
+    reps: int = 3
+    steps: int = 10
+    warmup: int = 2
+    micro_batch: int = 4
+    dtype: torch.dtype = torch.bfloat16
+    device: str = "cuda"
+    profile: bool = True  # kernel time and launches from two more steps in the first repetition (CUDA only)
+    reuse_distance: Optional[int] = None
+
+
+def run(plan, progress=print, on_rep=None):
+    """Measure the plan; returns a dict of every figure. ``on_rep(results)`` runs after every repetition (to write
+    partial results).
+
+    Every configuration's engine is built once and kept; a repetition then gives each engine in turn (the order
+    rotated one further each repetition) one untimed step and its timed steps under each link, with the patch set
+    as that configuration needs just before (the patch acts through DeepSpeed's classes, so an engine runs patched
+    exactly when the patch is on). Engines alive side by side cost memory only; building one costs as long as
+    tens of steps, so building once per configuration buys the repetitions."""
+    kept, left_out = available(plan.keys, plan.topology, plan.device)
+    topology = plan.topology
+    results = {
+        "shape": plan.shape._asdict(),
+        "parameters": plan.shape.parameters,
+        "topology": {
+            "world_size": topology.world_size,
+            "gpus_per_node": topology.gpus_per_node,
+            "nodes": topology.nodes
+        },
+        "links": {
+            name: (link.describe() if link else "free: collectives cost only their copies")
+            for name, link in plan.links.items()
+        },
+        "settings": {
+            k: v if isinstance(v, (int, float, str, type(None))) else str(v)
+            for k, v in plan._asdict().items() if k not in ("shape", "topology", "links")
+        },
+        "configs": kept,
+        "left_out": left_out,
+        "reps": [],
+        "runs": {},
+    }
+    engines = {}
+    try:
+        for i, key in enumerate(kept):
+            progress(f"building {i + 1}/{len(kept)}: {CONFIGS[key].label}")
+            engines[key], results["runs"][key] = _build_and_warm(key, plan)
+        for rep in range(plan.reps):
+            order = kept[rep % len(kept):] + kept[:rep % len(kept)]
+            runs = {}
+            for i, key in enumerate(order):
+                progress(f"repetition {rep + 1}/{plan.reps}, {i + 1}/{len(order)}: {CONFIGS[key].label}")
+                runs[key] = _block(key, engines[key], plan, results["runs"][key])
+            results["reps"].append(runs)
+            if on_rep:
+                on_rep(results)
+        if plan.profile and plan.device == "cuda":
+            for key in kept:
+                progress(f"profiling {CONFIGS[key].label}")
+                set_patch(CONFIGS[key].patched)
+                results["runs"][key].update(profiled(engines[key], plan.shape, plan.micro_batch, 10**6))
+    finally:
+        set_patch(False)
+        for engine in engines.values():
+            release(engine)
+    return results
+
+
+def _build_and_warm(key, plan):
+    """A configuration's engine and what is known of it before the timed steps: build seconds, its resident
+    memory, the warm-up losses, its skipped-step count so far."""
+    from deepspeed.utils import groups
+    config = CONFIGS[key]
+    set_patch(config.patched)
+    groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None  # hpZ's group: an engine built while it is set adopts it
+    cuda = plan.device == "cuda"
+    before = torch.cuda.memory_allocated() if cuda else 0
+    started = time.perf_counter()
+    engine = build(config, plan.shape, plan.topology, plan.micro_batch, plan.dtype, plan.reuse_distance)
+    info = {"build_s": time.perf_counter() - started}
+    if cuda:
+        info["resident_gb"] = (torch.cuda.memory_allocated() - before) / 2**30
+    world.set_link(None)
+    info["warmup_losses"] = [step(engine, plan.shape, plan.micro_batch, i)[0] for i in range(plan.warmup)]
+    info["step_index"] = plan.warmup
+    return engine, info
+
+
+def _block(key, engine, plan, info):
+    """One repetition of one configuration: an untimed step, then ``plan.steps`` timed ones per link."""
+    config, shape, batch = CONFIGS[key], plan.shape, plan.micro_batch
+    cuda = plan.device == "cuda"
+    set_patch(config.patched)
+    world.set_link(None)
+    skipped_before = engine.skipped_steps
+    losses = [step(engine, shape, batch, info["step_index"])[0]]
+    index, by_link = info["step_index"] + 1, {}
+    if cuda:
+        torch.cuda.synchronize()
+        start_memory = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    for name, link in plan.links.items():
+        world.set_link(link)
+        world.reset_counts()
+        times = [step(engine, shape, batch, index + i) for i in range(plan.steps)]
+        index += plan.steps
+        losses += [t[0] for t in times]
+        by_link[name] = {
+            "step_ms": [t[1] for t in times],
+            "cpu_ms": [t[2] for t in times],
+            "median_ms": statistics.median(t[1] for t in times),
+            "median_cpu_ms": statistics.median(t[2] for t in times),
+            **counted(plan.steps),
+        }
+        by_link[name]["problems"] = proof(key, by_link[name]["collectives"], plan.topology)
+    world.set_link(None)
+    info["step_index"] = index
+    result = {"by_link": by_link, "losses": losses, "skipped_steps": engine.skipped_steps - skipped_before}
+    if cuda:  # this engine's resident memory plus what its steps added at their peak
+        result["peak_memory_gb"] = info["resident_gb"] + (torch.cuda.max_memory_allocated() - start_memory) / 2**30
+    result["finite"] = all(math.isfinite(loss) for loss in losses + info["warmup_losses"])
+    return result
