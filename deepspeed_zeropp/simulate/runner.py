@@ -16,6 +16,7 @@ import torch
 
 from . import model as models, world
 
+PACKET_SITE = "partition_parameters._dist_allgather_fn"  # patching/sites.py: one all-gather per quantized fetch
 QWZ = {"zero_quantized_weights": True}
 QGZ = {"zero_quantized_weights": True, "zero_quantized_gradients": True}
 HPZ = dict(QGZ, hpz=True)
@@ -26,18 +27,24 @@ class Config(NamedTuple):
     patched: bool
     zero: dict
     multi_node: bool = False  # qgZ and hpZ need 2 or more nodes (DeepSpeed refuses qgZ's groups on one)
+    exclude: tuple = ()  # patch sites left out: to measure what one seam buys
 
 
 CONFIGS = {  # the order within a repetition
     "unquantized": Config("unquantized", False, {}),
     "ours-qwz": Config("ours qwZ", True, QWZ),
+    # ours without the packet seam: codes and scales in two all-gathers each, as upstream sends them
+    "ours-qwz-two-gathers": Config("ours qwZ, two all-gathers", True, QWZ, exclude=(PACKET_SITE, )),
     "upstream-qwz": Config("upstream qwZ", False, QWZ),
     "ours-qwz-qgz": Config("ours qwZ+qgZ", True, QGZ, True),
     "upstream-qwz-qgz": Config("upstream qwZ+qgZ", False, QGZ, True),
     "ours-qwz-qgz-hpz": Config("ours qwZ+qgZ+hpZ", True, HPZ, True),
     "upstream-qwz-qgz-hpz": Config("upstream qwZ+qgZ+hpZ", False, HPZ, True),
 }
-UPSTREAM_OF = {key: key.replace("ours", "upstream") for key in CONFIGS if key.startswith("ours")}
+UPSTREAM_OF = {  # ours -> upstream's same configuration
+    key: key.replace("ours", "upstream")
+    for key in CONFIGS if key.startswith("ours") and key.replace("ours", "upstream") in CONFIGS
+}
 
 
 def available(keys, topology, device):
@@ -90,11 +97,11 @@ def ds_config(config, shape, topology, micro_batch, dtype, reuse_distance=None):
     }
 
 
-def set_patch(patched, backend="auto"):
+def set_patch(config):
     from ..patching import apply
     apply.unpatch()
-    if patched:
-        apply.patch(backend=backend)
+    if config is not None and config.patched:
+        apply.patch(exclude=config.exclude)
 
 
 def build(config, shape, topology, micro_batch, dtype, reuse_distance=None):
@@ -271,10 +278,10 @@ def run(plan, progress=print, on_rep=None):
         if plan.profile and plan.device == "cuda":
             for key in kept:
                 progress(f"profiling {CONFIGS[key].label}")
-                set_patch(CONFIGS[key].patched)
+                set_patch(CONFIGS[key])
                 results["runs"][key].update(profiled(engines[key], plan.shape, plan.micro_batch, 10**6))
     finally:
-        set_patch(False)
+        set_patch(None)
         for engine in engines.values():
             release(engine)
     return results
@@ -285,7 +292,7 @@ def _build_and_warm(key, plan):
     memory, the warm-up losses, its skipped-step count so far."""
     from deepspeed.utils import groups
     config = CONFIGS[key]
-    set_patch(config.patched)
+    set_patch(config)
     groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None  # hpZ's group: an engine built while it is set adopts it
     cuda = plan.device == "cuda"
     before = torch.cuda.memory_allocated() if cuda else 0
@@ -304,7 +311,7 @@ def _block(key, engine, plan, info):
     """One repetition of one configuration: an untimed step, then ``plan.steps`` timed ones per link."""
     config, shape, batch = CONFIGS[key], plan.shape, plan.micro_batch
     cuda = plan.device == "cuda"
-    set_patch(config.patched)
+    set_patch(config)
     world.set_link(None)
     skipped_before = engine.skipped_steps
     losses = [step(engine, shape, batch, info["step_index"])[0]]
