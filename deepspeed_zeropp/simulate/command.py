@@ -32,7 +32,8 @@ def add_arguments(parser):
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--reuse-distance", type=int, help="DeepSpeed's stage3_max_reuse_distance")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    parser.add_argument("--json", help="also write every figure to this file")
+    parser.add_argument("--no-profile", action="store_true", help="skip the profiled steps (kernel time, launches)")
+    parser.add_argument("--json", help="also write every figure to this file (after every repetition)")
 
 
 def plan_from(args):
@@ -61,6 +62,7 @@ def plan_from(args):
                        warmup=args.warmup,
                        micro_batch=args.micro_batch,
                        device=device,
+                       profile=not args.no_profile,
                        reuse_distance=args.reuse_distance), device
 
 
@@ -80,12 +82,17 @@ def run(args):
     def progress(message):
         print(f"[simulate {time.monotonic() - started:5.0f} s] {message}", flush=True)
 
-    results = runner.run(plan, progress=progress)
+    def write(results):
+        if args.json:
+            table, ratios = report.summary(results)
+            with open(args.json + ".tmp", "w") as f:
+                json.dump(dict(results, summary=table, ratios=ratios, problems=report.problems(results)), f, indent=1)
+            os.replace(args.json + ".tmp", args.json)
+
+    results = runner.run(plan, progress=progress, on_rep=write)
+    write(results)
     table, ratios = report.summary(results)
     found = report.problems(results)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(results, summary=table, ratios=ratios, problems=found), f, indent=1)
     for reason in results["left_out"].items():
         print("[simulate] left out: %s (%s)" % reason)
     for link_name in plan.links:
