@@ -1,12 +1,12 @@
 """Facts stated in several files agree with their one source: the DeepSpeed range and release facts of
-``patching/sites.py`` (README, requirements, the compatibility run's releases, doctor) and qgZ's wire constants
-(``formats/int4.py`` and ``csrc/wire_formats.h``)."""
+``patching/sites.py`` (README, requirements, the compatibility run's releases, doctor), qgZ's wire constants
+(``formats/int4.py`` and ``csrc/wire_formats.h``) and the agreement check's default bound (``agreement.py``)."""
 import re
 from pathlib import Path
 
 import pytest
 
-from deepspeed_zeropp import doctor
+from deepspeed_zeropp import _env, agreement, doctor
 from deepspeed_zeropp.formats import int4
 from deepspeed_zeropp.patching import sites
 
@@ -23,6 +23,10 @@ def test_readme_states_the_supported_range_and_release_facts():
     assert f"DeepSpeed {sites.OLDEST_SUPPORTED} or newer" in readme
     assert f"DeepSpeed {sites.UPSTREAM_DTYPE_FIX} (" in readme  # the release that added upstream's fp16 detour
     assert f"{sites.LOCO_SINCE}–{sites.LOCO_UNTIL}" in readme
+
+
+def test_readme_states_the_agreement_bound():
+    assert f"`{_env.AGREEMENT_TIMEOUT_ENV}` seconds (default {agreement.TIMEOUT:g})" in text("README.md")
 
 
 def test_requirements_and_compat_releases_match_the_supported_range():

@@ -5,4 +5,5 @@
 - :mod:`.partitions`: MixZ++ partitions and the padding of the last rank's partition.
 - :mod:`.checkpoints`: frozen (MixZ++) fragments in checkpoints.
 - :mod:`.replacements`: the quantizer's methods and the qgZ/LoCo collectives, replaced whole.
+- :mod:`.launcher`: DeepSpeed's multi-node launcher, made to forward the patch's variables to every node.
 """
