@@ -104,8 +104,9 @@ def _check():
     group, backend = _world(), backends.default()
     world, rank = dist.get_world_size(), dist.get_rank()
     if world > 1:
-        exchange(_store(), rank, world, own_answer(), timeout(), f"{KEY}/{_round}")
-        _round += 1
+        prefix = f"{KEY}/{_round}"
+        _round += 1  # also after a failed round: a later check never meets this round's keys
+        exchange(_store(), rank, world, own_answer(), timeout(), prefix)
     _agreed = (group, backend)
 
 
@@ -180,7 +181,7 @@ def message(rank, world, answers, seconds, unreadable=None):
     unread = [peer for peer in range(world) if peer not in answers]
     if unread:
         lines.append(f"  rank{'s' if len(unread) > 1 else ''} {_ranges(unread)}: unknown, the store could not be read "
-                     f"({unreadable}); the rank that held it (rank 0) has probably stopped")
+                     f"({unreadable}); the process serving it (rank 0, or the launcher's agent) has probably stopped")
     lines.append(
         f"Fix: patch every rank the same way. Set {_env.ENV}=1 (and {_env.BACKEND_ENV}, if used) on every node: "
         f"DeepSpeed's multi-node launcher (deepspeed --hostfile) forwards the {_env.PREFIX}* variables to every node "

@@ -104,7 +104,7 @@ def test_store_gone_says_so():
     text = failure(Store(broken=True), 1, 3, answer("node-b"))
     assert "  rank 1 (host node-b): " in text and "[this rank]" in text
     assert ("  ranks 0, 2: unknown, the store could not be read (ConnectionResetError: Connection reset by peer); "
-            "the rank that held it (rank 0) has probably stopped") in text
+            "the process serving it (rank 0, or the launcher's agent) has probably stopped") in text
 
 
 @pytest.fixture
