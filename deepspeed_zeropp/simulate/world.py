@@ -104,14 +104,14 @@ class SimulatedGroup(dist.ProcessGroup):
                     out.copy_(tensor)
 
         return self._run("all_gather", input_tensors[0], self._size * input_tensors[0].numel(), copy,
-                         [t for outs in output_lists for t in outs] + input_tensors)
+                         [t for outs in output_lists for t in outs], input_tensors)
 
     def all_gather_single(self, output, input, opts=None):
 
         def copy():
             _tile(output, input, self._size)
 
-        return self._run("all_gather", input, output.numel(), copy, [output, input])
+        return self._run("all_gather", input, output.numel(), copy, [output], [input])
 
     _allgather_base = all_gather_single
 
@@ -121,7 +121,7 @@ class SimulatedGroup(dist.ProcessGroup):
             for output, tensor in zip(outputs, inputs):
                 _tile(output, tensor, self._size)
 
-        return self._run("all_gather", inputs[0], sum(o.numel() for o in outputs), copy, outputs + inputs)
+        return self._run("all_gather", inputs[0], sum(o.numel() for o in outputs), copy, outputs, inputs)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -144,8 +144,8 @@ class SimulatedGroup(dist.ProcessGroup):
             for output, inputs in zip(outputs, input_lists):
                 _reduced_copy(output, inputs[self._rank], self._size, op)
 
-        return self._run("reduce_scatter", outputs[0], self._size * outputs[0].numel(), reduce,
-                         outputs + [t for inputs in input_lists for t in inputs])
+        return self._run("reduce_scatter", outputs[0], self._size * outputs[0].numel(), reduce, outputs,
+                         [t for inputs in input_lists for t in inputs])
 
     def reduce_scatter_single(self, output, input, opts=None):
         op = _reduce_op(opts)
@@ -153,7 +153,7 @@ class SimulatedGroup(dist.ProcessGroup):
         def reduce():
             _reduced_copy(output, input.reshape(self._size, -1)[self._rank], self._size, op)
 
-        return self._run("reduce_scatter", output, input.numel(), reduce, [output, input])
+        return self._run("reduce_scatter", output, input.numel(), reduce, [output], [input])
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -164,7 +164,7 @@ class SimulatedGroup(dist.ProcessGroup):
             for output, tensor in zip(outputs, inputs):
                 _reduced_copy(output, tensor.reshape(self._size, -1)[self._rank], self._size, op)
 
-        return self._run("reduce_scatter", outputs[0], sum(t.numel() for t in inputs), reduce, outputs + inputs)
+        return self._run("reduce_scatter", outputs[0], sum(t.numel() for t in inputs), reduce, outputs, inputs)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
@@ -179,7 +179,7 @@ class SimulatedGroup(dist.ProcessGroup):
                 slot[:n].copy_(own[:n])
                 slot[n:].zero_()
 
-        return self._run("all_to_all", input, input.numel(), exchange, [output, input])
+        return self._run("all_to_all", input, input.numel(), exchange, [output], [input])
 
     alltoall_base = all_to_all_single
 
@@ -189,7 +189,7 @@ class SimulatedGroup(dist.ProcessGroup):
             for out in outputs:
                 out.copy_(inputs[self._rank])
 
-        return self._run("all_to_all", inputs[0], sum(t.numel() for t in inputs), exchange, outputs + inputs)
+        return self._run("all_to_all", inputs[0], sum(t.numel() for t in inputs), exchange, outputs, inputs)
 
     def broadcast(self, tensors, opts=None):
         # Every rank holds what this one holds, so what the root sends is already here.
@@ -200,9 +200,11 @@ class SimulatedGroup(dist.ProcessGroup):
 
     # -- one collective --
 
-    def _run(self, kind, sample, numel, work, tensors):
-        """Count, copy and delay one collective; ``tensors``: every tensor it reads or writes (kept from the
-        allocator until the group's stream is done with them, as NCCL keeps its inputs and outputs)."""
+    def _run(self, kind, sample, numel, work, outputs, inputs=()):
+        """Count, copy and delay one collective that writes ``outputs`` (its work's result, which the waiter's
+        stream is synchronised with) and reads ``inputs``. Both are kept from the allocator until the group's
+        stream is done with them, as NCCL keeps them; the work holds the outputs only, as NCCL's does (holding the
+        inputs too would tie them to whatever holds the work, in cycles only the garbage collector breaks)."""
         dtype = str(sample.dtype).replace("torch.", "") if sample is not None else "-"
         STATE.counts[(kind, dtype, self.link_class)] += 1
         nbytes = numel * (sample.element_size() if sample is not None else 0)
@@ -211,11 +213,11 @@ class SimulatedGroup(dist.ProcessGroup):
         if link is not None:
             seconds = link.seconds(kind, nbytes, self._size, self.link_class)
             STATE.modelled_us[self.link_class] += seconds * 1e6
-        device = next((t.device for t in tensors if t.is_cuda), None)
+        device = next((t.device for t in outputs if t.is_cuda), None)
         if device is None:  # CPU: the copies now, no modelled time (nothing to overlap with)
             if work is not None:
                 work()
-            return _completed(tensors, None)
+            return _completed(outputs, None)
         caller = torch.cuda.current_stream(device)
         if self._stream is None:
             self._stream = torch.cuda.Stream(device)
@@ -225,15 +227,15 @@ class SimulatedGroup(dist.ProcessGroup):
                 work()
             if link is not None:
                 STATE.delay.sleep(seconds - 2 * nbytes / link.device_bytes_per_s)  # the copy took part of it
-            for tensor in tensors:
+            for tensor in (*outputs, *inputs):
                 tensor.record_stream(self._stream)
-            return _completed(tensors, device)
+            return _completed(outputs, device)
 
 
 def _completed(tensors, device):
     future = torch.futures.Future(devices=[device] if device is not None else None)
     future.set_result(tensors)  # on a CUDA stream: records its event; wait() makes the waiting stream wait
-    return _create_work_from_future(future)  # (the future's result holds the inputs too; callers ignore it)
+    return _create_work_from_future(future)
 
 
 def _tile(output, input, size):
