@@ -138,9 +138,14 @@ def fetch(monkeypatch):
 def test_fetch_sends_one_packet(fetch):
     sent, seam = fetch
     codes, scales = ops.quantize_packed(torch.randn(257, dtype=torch.bfloat16), backend="torch")
-    handle = seam(codes, torch.empty(2 * 257, dtype=torch.int8))
-    assert seam(scales, torch.empty(2 * scales.numel())) is handle
+    codes_out, scales_out = torch.empty(2 * 257, dtype=torch.int8), torch.empty(2 * scales.numel())
+    handle = seam(codes, codes_out)
+    assert seam(scales, scales_out) is handle
     (packet, received), = sent.calls
+    # upstream's receive buffers keep their shapes and views, on the packets' memory
+    assert codes_out.data_ptr() == scales_out.data_ptr() == received.data_ptr()
+    assert codes_out.shape == (514, ) and codes_out.dtype == torch.int8 and scales_out.dtype == torch.float32
+    assert codes_out.narrow(0, 0, 300).shape == (300, )
     assert packet is ops.packet_of(codes)[0] and received.dtype == torch.uint8
     assert received.numel() == 2 * ops.packet_of(codes)[1].nbytes
     handle.wait()

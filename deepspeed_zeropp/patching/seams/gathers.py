@@ -127,11 +127,22 @@ def _readers_patched():
     return all(apply.is_patched(name) for name in READERS)
 
 
+def _alias(unused, received):
+    """Point ``unused`` (the receive buffer upstream allocated for codes or scales, which packets leave unread) at
+    ``received``'s memory, freeing its own: its shape and the views upstream takes of it stay valid, and a fetch
+    holds no more memory than with two all-gathers. Only a whole, contiguous buffer that fits is re-pointed."""
+    if (unused.device == received.device and not unused.requires_grad and unused.storage_offset() == 0
+            and unused.is_contiguous()
+            and unused.untyped_storage().nbytes() == unused.numel() * unused.element_size() <= received.numel()):
+        unused.set_(received.untyped_storage(), 0, unused.shape, unused.stride())
+
+
 def FETCH_ALLGATHER(original):
     """Seam factory for ``partition_parameters._dist_allgather_fn``: the all-gather that a fetch closure calls for
     its codes and then for its scales. The patched quantizer returns both as views of one packet; when the codes of
     a packet come here, the whole packet is all-gathered (into a new buffer of a packet per rank) and the
-    ``PacketGather`` handle is returned, also for the scales that follow, which then send nothing. Anything else
+    ``PacketGather`` handle is returned, also for the scales that follow, which then send nothing; upstream's
+    receive buffers, never read, share the packets' memory (``_alias``). Anything else
     (unquantized buckets, stored MixZ++ codes, codes moved off their packet, scales sent first), and any call while
     the handles' seams that read packets are not patched, runs the original."""
 
@@ -143,6 +154,7 @@ def FETCH_ALLGATHER(original):
         if input_tensor.dtype == torch.float32:  # the scales
             sent = getattr(packet, _SENT, None)
             if sent is not None and input_tensor.data_ptr() == packet.data_ptr() + layout.scales_at:
+                _alias(output_tensor, sent.received)
                 return sent
             setattr(packet, _SENT, None)
             return original(input_tensor, output_tensor, group)
@@ -156,6 +168,7 @@ def FETCH_ALLGATHER(original):
                                device=output_tensor.device)
         sent = PacketGather(original(packet, received, group), received, layout)
         setattr(packet, _SENT, sent)
+        _alias(output_tensor, received)
         return sent
 
     return wrapper
