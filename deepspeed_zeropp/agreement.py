@@ -16,7 +16,7 @@ order):
   ``deepspeed_zeropp/agreement/<n>/<token>/rank<r>``, where the token is what must be equal on every rank: the
   wire-format version and the backend family (``backends.FAMILIES``);
 - it waits, at most :func:`timeout` seconds, for every rank's key under its own token. All there: done, and the
-  process does not check again for this process group and backend. The sets are not answered by torch's TCPStore,
+  process does not check again for this backend. The sets are not answered by torch's TCPStore,
   so a fully patched job pays one round trip to the store per rank, once, and no collective;
 - otherwise (a rank missing or different, or the store gone) it reads what every rank published and raises
   :class:`AgreementError` naming the ranks, their hosts where known, what each runs and how to fix it.
@@ -26,12 +26,11 @@ import socket
 from datetime import timedelta
 from typing import NamedTuple
 
-from . import __version__, _env, backends
-from . import formats
+from . import __version__, _env, backends, formats
 
 TIMEOUT = 300.0  # seconds: far beyond the skew of healthy ranks reaching their first quantized collective
 KEY = "deepspeed_zeropp/agreement"
-_agreed = None  # (default process group, backend name) of the last check that passed
+_agreed = None  # the backend name of the last check that passed
 _round = 0  # checks this process has started: the round of the next one
 
 
@@ -79,16 +78,12 @@ def own_answer():
 
 def ensure():
     """Return once every rank of the default process group runs the patch with this rank's wire format and backend
-    family (checked once per process group and backend); raise :class:`AgreementError` otherwise. Nothing to check
-    without torch.distributed or with one rank."""
-    if _agreed is not None and _agreed[0] is _world() and _agreed[1] == backends.default():
+    family; raise :class:`AgreementError` otherwise. Nothing to check without torch.distributed or with one rank.
+    Checked once per process and backend: on the hot path (every quantize) only the backend name is compared, so a
+    process group set up again in the same process (after ``destroy_process_group``) is not checked again."""
+    if _agreed == backends.default():
         return
     _check()
-
-
-def _world():
-    import torch.distributed as dist
-    return dist.GroupMember.WORLD if dist.is_available() else None
 
 
 def _store():
@@ -101,13 +96,13 @@ def _check():
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_initialized():
         return
-    group, backend = _world(), backends.default()
+    backend = backends.default()
     world, rank = dist.get_world_size(), dist.get_rank()
     if world > 1:
         prefix = f"{KEY}/{_round}"
         _round += 1  # also after a failed round: a later check never meets this round's keys
         exchange(_store(), rank, world, own_answer(), timeout(), prefix)
-    _agreed = (group, backend)
+    _agreed = backend
 
 
 def exchange(store, rank, world, mine, seconds, prefix):

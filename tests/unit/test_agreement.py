@@ -111,12 +111,10 @@ def test_store_gone_says_so():
 def two_ranks(monkeypatch):
     """torch.distributed initialised with 2 ranks (this one 0), the other rank patched alike; a fresh check."""
     import torch.distributed as dist
-    world = object()
     store = Store()
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
-    monkeypatch.setattr(agreement, "_world", lambda: world)
     monkeypatch.setattr(agreement, "_store", lambda: store)
     monkeypatch.setattr(agreement, "_round", 0)
     agreement.reset()
@@ -125,7 +123,7 @@ def two_ranks(monkeypatch):
     backends.set_default("auto")
 
 
-def test_checked_once_per_group_and_backend(two_ranks):
+def test_checked_once_per_backend(two_ranks):
     store = two_ranks
     published(store, 1, answer(), prefix=f"{agreement.KEY}/0")
     agreement.ensure()
