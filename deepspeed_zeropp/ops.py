@@ -266,7 +266,17 @@ def _runs(block_numels):
 
 # --- Packets: a rank's codes and scales in one byte buffer (formats/int8.py), sent in one all-gather ------------
 
-_PACKET = "zeropp_packet"  # attribute of the codes and scales in a packet: (its byte buffer, its int8.Packet)
+_PACKET = "zeropp_packet"  # attribute of the codes and scales in a packet: their PacketInfo
+
+
+class PacketInfo:
+    """What the codes and scales of a packet carry, one object for both: the byte ``buffer``, its ``layout`` (an
+    ``int8.Packet``) and ``sent``, kept for whoever sends the packet (None until then). Only the codes and scales
+    reference it, never the buffer, so a collective that holds the buffer makes no reference cycle with it."""
+    __slots__ = ("buffer", "layout", "sent")
+
+    def __init__(self, buffer, layout):
+        self.buffer, self.layout, self.sent = buffer, layout, None
 
 
 def quantize_packed(x, groups=None, backend="auto"):
@@ -293,8 +303,9 @@ def quantize_packed(x, groups=None, backend="auto"):
         scales.copy_(own_scales.reshape(-1))
     codes = codes.view(x.shape)
     # on the tensors handed out (views of another dtype keep no link to their buffer); the closures pass them on
-    setattr(codes, _PACKET, (buffer, layout))
-    setattr(scales, _PACKET, (buffer, layout))
+    info = PacketInfo(buffer, layout)
+    setattr(codes, _PACKET, info)
+    setattr(scales, _PACKET, info)
     return codes, scales
 
 
@@ -322,9 +333,9 @@ def _packet_views(rows, layout):
 
 
 def packet_of(tensor):
-    """``(buffer, int8.Packet)`` when ``tensor`` is the codes or scales tensor that :func:`quantize_packed`
-    returned, else None. (A tensor that copied another's attributes names a buffer it does not start at or in:
-    callers compare data pointers.)"""
+    """The :class:`PacketInfo` of the codes or scales tensor that :func:`quantize_packed` returned, else None. (A
+    tensor that copied another's attributes names a buffer it does not start at or in: callers compare data
+    pointers.)"""
     return getattr(tensor, _PACKET, None)
 
 

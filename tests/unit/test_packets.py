@@ -35,18 +35,19 @@ def test_quantize_packed_equals_quantize(numel, dtype):
     expected_codes, expected_scales = ops.quantize(x, backend="torch")
     assert_bitwise(codes, expected_codes)
     assert_bitwise(scales, expected_scales)
-    buffer, layout = ops.packet_of(codes)
-    assert ops.packet_of(scales)[0] is buffer and buffer.dtype == torch.uint8 and buffer.numel() == layout.nbytes
+    info = ops.packet_of(codes)
+    buffer, layout = info.buffer, info.layout
+    assert ops.packet_of(scales) is info and buffer.dtype == torch.uint8 and buffer.numel() == layout.nbytes
     assert codes.data_ptr() == buffer.data_ptr() and scales.data_ptr() == buffer.data_ptr() + layout.scales_at
 
 
 def _gathered(parts):
     """What an all-gather of packets (one per rank) and of codes and scales apart would receive."""
     packed = [ops.quantize_packed(part, backend="torch") for part in parts]
-    received = torch.cat([ops.packet_of(codes)[0] for codes, _ in packed])
+    received = torch.cat([ops.packet_of(codes).buffer for codes, _ in packed])
     codes = torch.cat([codes.view(-1) for codes, _ in packed])
     scales = torch.cat([scales for _, scales in packed])
-    return received, ops.packet_of(packed[0][0])[1], codes, scales
+    return received, ops.packet_of(packed[0][0]).layout, codes, scales
 
 
 @pytest.mark.parametrize("numel", [257, 8001, 16000, 40000])
@@ -82,7 +83,7 @@ def test_explicit_equal_groups():
     x = torch.randn(2, 4096)
     codes, scales = ops.quantize_packed(x, groups=4, backend="torch")
     assert scales.numel() == 4 and codes.shape == x.shape
-    buffer, layout = ops.packet_of(codes)
+    buffer, layout = ops.packet_of(codes).buffer, ops.packet_of(codes).layout
     received = torch.cat([buffer, buffer])
     expected = ops.dequantize(torch.cat([codes.view(-1)] * 2), torch.cat([scales] * 2), torch.float32, group_size=2048)
     assert_bitwise(ops.dequantize_packed(received, layout, (2, 8192), torch.float32, backend="torch"),
@@ -91,7 +92,7 @@ def test_explicit_equal_groups():
 
 def test_bad_packets():
     codes, _ = ops.quantize_packed(torch.randn(300), backend="torch")
-    buffer, layout = ops.packet_of(codes)
+    buffer, layout = ops.packet_of(codes).buffer, ops.packet_of(codes).layout
     with pytest.raises(ValueError, match="contiguous 1-D uint8"):
         ops.dequantize_packed(buffer.view(torch.int8), layout, (300, ))
     with pytest.raises(ValueError, match="not packets of"):
@@ -146,11 +147,11 @@ def test_fetch_sends_one_packet(fetch):
     assert codes_out.data_ptr() == scales_out.data_ptr() == received.data_ptr()
     assert codes_out.shape == (514, ) and codes_out.dtype == torch.int8 and scales_out.dtype == torch.float32
     assert codes_out.narrow(0, 0, 300).shape == (300, )
-    assert packet is ops.packet_of(codes)[0] and received.dtype == torch.uint8
-    assert received.numel() == 2 * ops.packet_of(codes)[1].nbytes
+    info = ops.packet_of(codes)
+    assert packet is info.buffer and received.dtype == torch.uint8 and received.numel() == 2 * info.layout.nbytes
     handle.wait()
     handle.wait()
-    assert handle.work.waits == 1 and gathers._packets(handle) == (received, ops.packet_of(codes)[1])
+    assert handle.work.waits == 1 and gathers._packets(handle) == (received, info.layout)
 
 
 def test_fetch_sends_anything_else_as_upstream(fetch, monkeypatch):
@@ -181,3 +182,30 @@ def test_packets_only_where_the_handles_read_them():
     finally:
         apply.unpatch()
     assert not gathers._readers_patched()
+
+
+def test_a_sent_packet_is_freed_without_the_garbage_collector(monkeypatch):
+    """The handle (here a work object that holds what it sent, as gloo's does) makes no reference cycle with the
+    packet: dropping the fetch's references frees the packet at once."""
+    import gc
+    import weakref
+    monkeypatch.setattr(gathers, "_readers_patched", lambda: True)
+
+    class Holding(_Work):
+
+        def __init__(self, sent):
+            super().__init__()
+            self.sent = sent
+
+    seam = gathers.FETCH_ALLGATHER(lambda input_tensor, output_tensor, group=None: Holding(input_tensor))
+    gc.disable()
+    try:
+        codes, scales = ops.quantize_packed(torch.randn(1000), backend="torch")
+        packet = weakref.ref(ops.packet_of(codes).buffer)
+        handle = seam(codes, torch.empty(2000, dtype=torch.int8))
+        seam(scales, torch.empty(2 * scales.numel()))
+        handle.wait()
+        del codes, scales, handle
+        assert packet() is None
+    finally:
+        gc.enable()

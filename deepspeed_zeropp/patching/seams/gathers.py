@@ -113,7 +113,7 @@ class PacketGather:
         return True
 
 
-_SENT = "zeropp_sent"  # attribute of a packet: its PacketGather, or None once its scales went on their own
+_APART = "sent apart"  # PacketInfo.sent once the packet's codes or scales went on their own
 READERS = ("AllGatherHandle.wait", "AllGatherCoalescedHandle.wait")  # the seams that read packets
 
 
@@ -147,29 +147,27 @@ def FETCH_ALLGATHER(original):
     the handles' seams that read packets are not patched, runs the original."""
 
     def wrapper(input_tensor, output_tensor, group=None):
-        found = ops.packet_of(input_tensor)
-        if found is None:
+        info = ops.packet_of(input_tensor)
+        if info is None:
             return original(input_tensor, output_tensor, group)
-        packet, layout = found
+        packet, layout, sent = info.buffer, info.layout, info.sent
         if input_tensor.dtype == torch.float32:  # the scales
-            sent = getattr(packet, _SENT, None)
-            if sent is not None and input_tensor.data_ptr() == packet.data_ptr() + layout.scales_at:
+            if isinstance(sent, PacketGather) and input_tensor.data_ptr() == packet.data_ptr() + layout.scales_at:
                 _alias(output_tensor, sent.received)
                 return sent
-            setattr(packet, _SENT, None)
+            info.sent = _APART
             return original(input_tensor, output_tensor, group)
         codes = (input_tensor.dtype == torch.int8 and input_tensor.data_ptr() == packet.data_ptr()
                  and input_tensor.numel() == layout.numel > 0 and output_tensor.numel() % layout.numel == 0)
-        if not codes or hasattr(packet, _SENT) or not _readers_patched():
-            setattr(packet, _SENT, None)
+        if not codes or sent is not None or not _readers_patched():
+            info.sent = _APART
             return original(input_tensor, output_tensor, group)
         received = torch.empty(output_tensor.numel() // layout.numel * layout.nbytes,
                                dtype=torch.uint8,
                                device=output_tensor.device)
-        sent = PacketGather(original(packet, received, group), received, layout)
-        setattr(packet, _SENT, sent)
+        info.sent = PacketGather(original(packet, received, group), received, layout)
         _alias(output_tensor, received)
-        return sent
+        return info.sent
 
     return wrapper
 
