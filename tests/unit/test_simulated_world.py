@@ -1,0 +1,84 @@
+"""The simulated world's parts without DeepSpeed: the link model's ring costs, the topology's link classes, the
+store that answers for the simulated ranks, and the values each collective hands back (as if every rank held what
+this one holds)."""
+import pytest
+import torch
+from torch.distributed import ReduceOp, ReduceScatterOptions
+
+from deepspeed_zeropp.simulate import link, world
+
+
+@pytest.fixture
+def topology(monkeypatch):
+    monkeypatch.setattr(world.STATE, "topology", world.Topology(8, 4))
+    world.reset_counts()
+    yield world.STATE.topology
+    world.reset_counts()
+
+
+def test_ring_costs():
+    fast, slow = link.LinkClass(2.0, 8 * 100.0), link.LinkClass(10.0, 8.0)
+    model = link.Link(fast, slow)
+    n, size = 4, 1 << 20
+    assert link.wire_bytes("all_gather", size, n) == size * 3 / 4
+    assert link.wire_bytes("all_reduce", size, n) == size * 3 / 2
+    assert link.wire_bytes("broadcast", size, n) == size
+    assert model.seconds("all_gather", size, n, "intra") == pytest.approx(3 * 2e-6 + size * 3 / 4 / 100e9)
+    assert model.seconds("all_reduce", size, n, "inter") == pytest.approx(6 * 10e-6 + size * 3 / 2 / 1e9)
+    assert model.seconds("barrier", 0, n, "inter") == pytest.approx(6 * 10e-6)
+
+
+def test_topology_link_classes():
+    topology = world.Topology(16, 8)
+    assert topology.nodes == 2
+    assert topology.link_class(range(8)) == "intra" and topology.link_class([7, 8]) == "inter"
+    for bad in (world.Topology(1, 1), world.Topology(12, 8), world.Topology(8, 0)):
+        with pytest.raises(ValueError, match="gpus_per_node divides"):
+            bad.check()
+
+
+def test_store_answers_for_every_rank():
+    store = world.MirrorStore(3)
+    store.set("check/3/rank0", "ours")
+    store.set("check/3/token/rank0", "1")
+    assert store.get("check/3/rank2") == b"ours" and store.check(["check/3/token/rank1", "check/3/token/rank2"])
+    store.set("other", "x")
+    assert not store.check(["other/rank1"])
+    with pytest.raises(RuntimeError, match="only rank 0 runs"):
+        store.wait(["never/set"])
+    assert store.add("n", 2) == 2 and store.add("n", 3) == 5
+
+
+def test_collectives_hand_back_every_rank_as_this_one(topology):
+    group = world.SimulatedGroup(1, 4, [0, 1, 2, 3])
+    x = torch.arange(6, dtype=torch.float32)
+    out = torch.empty(24)
+    group.all_gather_single(out, x).wait()
+    assert torch.equal(out.view(4, 6), x.expand(4, 6))
+    gathered = torch.zeros(24)  # in place: the input is this rank's slot of the output, as DeepSpeed gathers
+    gathered[6:12] = x
+    group.all_gather_single(gathered, gathered[6:12]).wait()
+    assert torch.equal(gathered.view(4, 6), x.expand(4, 6))
+    summed = x.clone()
+    group.allreduce([summed]).wait()
+    assert torch.equal(summed, 4 * x)
+    grads = torch.arange(8, dtype=torch.bfloat16)
+    mine = torch.empty(2, dtype=torch.bfloat16)
+    group.reduce_scatter_single(mine, grads).wait()  # rank 1's chunk, from 4 ranks alike
+    assert torch.equal(mine, 4 * grads[2:4])
+    averaged = torch.empty(2, dtype=torch.bfloat16)
+    options = ReduceScatterOptions()
+    options.reduceOp = ReduceOp.AVG
+    group.reduce_scatter_single(averaged, grads, options).wait()
+    assert torch.equal(averaged, grads[2:4])
+    blocks = torch.arange(8, dtype=torch.uint8)
+    received = torch.empty(8, dtype=torch.uint8)
+    group.all_to_all_single(received, blocks, [], []).wait()  # every peer sends what rank 1 sends itself
+    assert torch.equal(received.view(4, 2), blocks.view(4, 2)[1].expand(4, 2))
+    assert world.STATE.counts == {
+        ("all_gather", "float32", "intra"): 2,
+        ("all_reduce", "float32", "intra"): 1,
+        ("reduce_scatter", "bfloat16", "intra"): 2,
+        ("all_to_all", "uint8", "intra"): 1
+    }
+    assert world.STATE.wire_bytes["intra"] == 2 * 72 + 36 + 2 * 12 + 6
