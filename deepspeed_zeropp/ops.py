@@ -293,7 +293,8 @@ def quantize_packed(x, groups=None, backend="auto"):
         call = _checked_packed(x, groups, backend, key)
     impl, layout = call
     buffer = torch.empty(layout.nbytes, dtype=torch.uint8, device=x.device)
-    codes, scales = (view.view(-1) for view in _packet_views(buffer.view(1, -1), layout))
+    codes = buffer[:layout.numel].view(torch.int8)
+    scales = buffer[layout.scales_at:layout.scales_at + int8.SCALE_BYTES * layout.groups].view(torch.float32)
     into = getattr(impl, "quantize_into", None)
     if into is not None:
         into(x if x.is_contiguous() else x.contiguous(), layout.groups, layout.group_size, codes, scales)
@@ -327,8 +328,8 @@ def _checked_packed(x, groups, backend, key):
 
 def _packet_views(rows, layout):
     """(codes [k, numel] int8, scales [k, groups] fp32): views of ``rows``, k packets of ``layout`` as uint8 rows."""
-    codes = rows[:, :layout.numel].view(torch.int8)
-    scales = rows[:, layout.scales_at:layout.scales_at + int8.SCALE_BYTES * layout.groups].view(torch.float32)
+    codes = rows.narrow(1, 0, layout.numel).view(torch.int8)
+    scales = rows.narrow(1, layout.scales_at, int8.SCALE_BYTES * layout.groups).view(torch.float32)
     return codes, scales
 
 

@@ -14,15 +14,16 @@ NAME = "torch"
 SERVES_QGZ = True
 
 
-def _scaled(x, groups, group_size):
-    """(rounded, clamped fp32 codes [groups, group_size] with the short last group's tail zero, stored scales)."""
+def _scaled(x, groups, group_size, scales=None):
+    """(rounded, clamped fp32 codes [groups, group_size] with the short last group's tail zero, stored scales,
+    written into ``scales`` when given)."""
     flat = x.reshape(-1)
     numel = flat.numel()
     if numel < groups * group_size:  # a short last group: zeros never raise an absmax, and their codes are dropped
         flat = torch.cat([flat, flat.new_zeros(groups * group_size - numel)])
     grouped = flat.view(groups, group_size)
     absmax = grouped.abs().amax(dim=1).float() if group_size else torch.zeros(groups, device=flat.device)
-    multiplier, stored_scale, finite = multiplier_from_absmax(absmax)
+    multiplier, stored_scale, finite = multiplier_from_absmax(absmax, scales)
     scaled = grouped.float() * multiplier.unsqueeze(1)
     scaled = torch.where(finite.unsqueeze(1), scaled, torch.zeros_like(scaled))
     return scaled.round_().clamp_(CODE_MIN, CODE_MAX), stored_scale
@@ -38,10 +39,9 @@ def quantize(x, groups, group_size=None):
 
 def quantize_into(x, groups, group_size, codes, scales):
     """``quantize`` writing into ``codes`` (int8, x's numel, contiguous) and ``scales`` (fp32 [groups]): the
-    conversion to int8 is the write, so this costs no more operations than ``quantize``."""
-    scaled, stored_scale = _scaled(x, groups, group_size)
+    conversions are the writes, so this costs no more operations than ``quantize``."""
+    scaled, _ = _scaled(x, groups, group_size, scales)
     codes.view(-1).copy_(scaled.view(-1)[:x.numel()])
-    scales.copy_(stored_scale)
 
 
 def dequantize(codes, scales, group_size, dtype, block_numel=None):

@@ -22,14 +22,18 @@ LEVELS = 128  # the multiplier's numerator: absmax maps to code 128, clamped to 
 CODE_MIN, CODE_MAX = -128, 127
 
 
-def multiplier_from_absmax(absmax):
-    """Return (multiplier, stored_scale, finite_mask) for fp32 per-group absolute maxima."""
+def multiplier_from_absmax(absmax, out=None):
+    """Return (multiplier, stored_scale, finite_mask) for fp32 per-group absolute maxima; the stored scales are
+    written into ``out`` when given (fp32, one per group)."""
     # Tensor / tensor on purpose: ``128.0 / t`` is computed as reciprocal(t) * 128, which is not the correctly
     # rounded quotient the CUDA kernels produce.
     finite = torch.isfinite(absmax)
     multiplier = torch.where(absmax == 0, torch.ones_like(absmax), torch.full_like(absmax, float(LEVELS)) / absmax)
     multiplier = multiplier.clamp(max=FLT_MAX)
-    stored = torch.where(finite, torch.ones_like(multiplier) / multiplier, torch.full_like(absmax, float("nan")))
+    stored = torch.where(finite,
+                         torch.ones_like(multiplier) / multiplier,
+                         torch.full_like(absmax, float("nan")),
+                         out=out)
     return multiplier, stored, finite
 
 
