@@ -91,6 +91,7 @@ def render(out):
         ]
         for link, description in results["links"].items():
             lines += [f"**{link}** ({description})", "", report.markdown_table(table, ratios, link), ""]
+    lines += levers(loaded, out)
     lines += targets(loaded)
     lines += validation(loaded.get("n2_validation"), out)
     (out / "simulated_world.md").write_text("\n".join(lines) + "\n")
@@ -107,6 +108,31 @@ def _ratio(loaded, name, link, pair):
 
 def _text(spread):
     return "not measured" if spread is None else f"{spread['median']:.2f}x ({spread['low']:.2f}-{spread['high']:.2f})"
+
+
+def levers(loaded, out):
+    """What each change to the quantized path bought, where a setting measured it side by side."""
+    rows = ["## What each lever bought", ""]
+    n8 = loaded.get("n8_free")
+    if n8 and "ours-qwz-two-gathers" in n8["configs"]:
+        table = report.summary(n8)[0]["free"]
+        values = [
+            rep["ours-qwz-two-gathers"]["by_link"]["free"]["median_ms"] /
+            rep["ours-qwz"]["by_link"]["free"]["median_ms"] for rep in n8["reps"]
+        ]
+        two, one = (table[k] for k in ("ours-qwz-two-gathers", "ours-qwz"))
+        rows.append(
+            f"- One all-gather per quantized fetch (codes and scales in one packet, the seam at "
+            f"`_dist_allgather_fn`), `n8_free`: collectives per step "
+            f"{sum(two['collectives_per_step'].values()):.0f} -> {sum(one['collectives_per_step'].values()):.0f}"
+            f", kernel launches {two['kernel_launches_per_step']:.0f} -> {one['kernel_launches_per_step']:.0f}"
+            f", speed-up {min(values):.2f}-{max(values):.2f}x (median {sorted(values)[1]:.2f}x): "
+            f"within noise where collectives are free; its worth is a latency per fetch on a real link.")
+    if (out / "qgz_batching.md").exists():
+        rows.append("- qgZ's shared all-to-alls (one per batch of gradients, not per gradient): measured alone in "
+                    "`qgz_batching.md` (host work and launches, one rank).")
+    rows.append("")
+    return rows
 
 
 def targets(loaded):
