@@ -44,6 +44,11 @@ def plan_from(args):
     shape = base._replace(**{f: getattr(args, f) for f in MODEL_FLAGS if getattr(args, f) is not None})
     topology = world.Topology(args.gpus_per_node * args.nodes, args.gpus_per_node)
     topology.check()
+    if device == "cuda" and not args.free and not args.inter_gbps:
+        raise ValueError("nothing to measure: give --inter-gbps (one or more link speeds) or --free")
+    bad = [g for g in args.inter_gbps + [args.intra_gbps or 1] if g <= 0]
+    if bad:
+        raise ValueError(f"link speeds must be positive Gbit/s, got {bad}")
     intra = links.NVLINK if args.intra_gbps is None else links.LinkClass(links.NVLINK.alpha_us, args.intra_gbps)
     named = {"free": None} if args.free or device == "cpu" else {}
     if device == "cuda":
@@ -70,7 +75,11 @@ def run(args):
     if args.device == "cpu" or (args.device == "auto" and not _has_cuda()):
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from . import report, runner, world
-    plan, device = plan_from(args)
+    try:
+        plan, device = plan_from(args)
+    except ValueError as error:
+        print(f"[simulate] error: {error}")
+        return 2
     started = time.monotonic()
     print(
         f"[simulate] rank 0 of {plan.topology.world_size} ({plan.topology.nodes} nodes x "

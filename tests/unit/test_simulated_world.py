@@ -82,3 +82,14 @@ def test_collectives_hand_back_every_rank_as_this_one(topology):
         ("all_to_all", "uint8", "intra"): 1
     }
     assert world.STATE.wire_bytes["intra"] == 2 * 72 + 36 + 2 * 12 + 6
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nodes", "0"], "world_size >= 2 that gpus_per_node divides; got world_size 0"),
+    (["--gpus-per-node", "1", "--nodes", "1"], "world_size >= 2"),
+    (["--inter-gbps", "-5", "--device", "cpu"], "link speeds must be positive Gbit/s, got [-5.0]"),
+])
+def test_simulate_names_bad_arguments(argv, message, capsys):
+    from deepspeed_zeropp import cli
+    assert cli.main(["simulate", *argv]) == 2
+    assert message in capsys.readouterr().out
