@@ -24,6 +24,7 @@ import traceback
 
 import torch
 
+from ..simulate.runner import release as release_engine
 from . import models
 from .launch import instrument_names
 
@@ -315,34 +316,6 @@ def write_profile(profiler, path):
     with open(path + ".trace.json", "rb") as raw, gzip.open(path + ".trace.json.gz", "wb") as packed:
         shutil.copyfileobj(raw, packed)
     os.unlink(path + ".trace.json")
-
-
-def release_engine(engine):
-    """Leave nothing of a finished engine reachable (its parameters' partitions, its optimizer's fp32 copies and
-    states: ~10 GB per rank for a 1B-parameter model with Adam), so the job's next run starts where this one did.
-
-    - ``destroy`` removes ZeRO-3's hooks. Those on gradient accumulation are held by autograd in C++, where the
-      garbage collector cannot see their cycle through the optimizer: without it nothing is ever freed.
-    - Two process-wide references of DeepSpeed outlive ``destroy``, and through every parameter's ``_z3_optimizer``
-      they keep the optimizer too: each ZeRO-3 engine pushes its top module onto ``FWD_MODULE_STACK`` (the stack
-      of modules in forward) and nothing pops it, and the parameter coordinator memoises the parameters to release
-      in a class-level ``lru_cache`` keyed by coordinator and submodule."""
-    from deepspeed.runtime.zero import parameter_offload, partitioned_param_coordinator
-    engine.destroy()
-    own = {id(module) for module in engine.module.modules()}
-    parameter_offload.FWD_MODULE_STACK[:] = [m for m in parameter_offload.FWD_MODULE_STACK if id(m) not in own]
-    for cache in method_caches(partitioned_param_coordinator.PartitionedParameterCoordinator):
-        cache.cache_clear()  # entries of live engines are only computed again
-
-
-def method_caches(cls):
-    """The ``functools`` caches of ``cls``'s methods, also those wrapped without ``functools.wraps`` (DeepSpeed's
-    ``instrument_w_nvtx``), where the cache is found in the wrapper's closure."""
-    for method in vars(cls).values():
-        cells = getattr(method, "__closure__", None) or ()
-        for candidate in (method, *(cell.cell_contents for cell in cells)):
-            if hasattr(candidate, "cache_clear"):
-                yield candidate
 
 
 def release_memory():
