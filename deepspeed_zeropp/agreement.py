@@ -14,7 +14,8 @@ order):
 
 - rank ``r`` sets ``deepspeed_zeropp/agreement/<n>/rank<r>`` to what it runs (:class:`Answer`) and
   ``deepspeed_zeropp/agreement/<n>/<token>/rank<r>``, where the token is what must be equal on every rank: the
-  wire-format version and the backend family (``backends.FAMILIES``);
+  wire-format version, the backend family (``backends.FAMILIES``) and whether quantized fetches go as packets (a
+  patch that leaves the fetch seam out sends codes and scales apart, which packet readers cannot take);
 - it waits, at most :func:`timeout` seconds, for every rank's key under its own token. All there: done, and the
   process does not check again for this backend. The sets are not answered by torch's TCPStore,
   so a fully patched job pays one round trip to the store per rank, once, and no collective;
@@ -46,15 +47,17 @@ class Answer(NamedTuple):
     wire: int  # formats.WIRE_FORMAT_VERSION
     backend: str
     family: str
+    packets: bool = True  # quantized fetches as one packet per rank (patching/seams/gathers.sends_packets)
 
     @property
     def token(self):
         """What every rank must have in common."""
-        return f"wire{self.wire}-{self.family}"
+        return f"wire{self.wire}-{self.family}-{'packets' if self.packets else 'two-gathers'}"
 
     def runs(self):
+        sends = "codes and scales in one packet" if self.packets else "codes and scales in two all-gathers"
         return (f"deepspeed_zeropp {self.package} on DeepSpeed {self.deepspeed}, wire format {self.wire}, "
-                f"backend {self.backend} ({self.family})")
+                f"backend {self.backend} ({self.family}), {sends}")
 
     def encode(self):
         return json.dumps(self._asdict())
@@ -72,8 +75,9 @@ def timeout():
 def own_answer():
     import deepspeed
     backend = backends.default()
+    from .patching.seams.gathers import sends_packets
     return Answer(socket.gethostname(), __version__, deepspeed.__version__, formats.WIRE_FORMAT_VERSION, backend,
-                  backends.family(backend))
+                  backends.family(backend), sends_packets())
 
 
 def ensure():

@@ -14,9 +14,9 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from ..patching.seams.gathers import FETCH_SITE as PACKET_SITE  # one all-gather per quantized fetch
 from . import model as models, world
 
-PACKET_SITE = "partition_parameters._dist_allgather_fn"  # patching/sites.py: one all-gather per quantized fetch
 QWZ = {"zero_quantized_weights": True}
 QGZ = {"zero_quantized_weights": True, "zero_quantized_gradients": True}
 HPZ = dict(QGZ, hpz=True)

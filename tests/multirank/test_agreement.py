@@ -49,7 +49,8 @@ def test_job_with_one_rank_unpatched_stops_before_its_first_step(tmp_path, flag)
                                            "quantized collective"), run
     error = run["error"]
     assert (f"rank 0 (host {socket.gethostname()}): deepspeed_zeropp " in error
-            and f"wire format {WIRE_FORMAT_VERSION}, backend auto (native) [this rank]" in error), error
+            and f"wire format {WIRE_FORMAT_VERSION}, backend auto (native), codes and scales in one packet [this rank]"
+            in error), error
     assert f"rank 1 (host unknown): no answer within {BOUND} s" in error and ".deepspeed_env" in error, error
     steps = {rank: (tmp_path / f"rank{rank}.steps") for rank in (0, 1)}
     steps = {rank: path.read_text().split() if path.exists() else [] for rank, path in steps.items()}

@@ -67,8 +67,9 @@ def test_missing_rank_named_with_the_fix():
     lines = text.splitlines()
     assert lines[0].startswith("deepspeed_zeropp: rank 0 of 2 stops before its first quantized collective")
     assert f"wire format {formats.WIRE_FORMAT_VERSION} and backend family native" in lines[0]
-    assert lines[1] == (f"  rank 0 (host node-a): deepspeed_zeropp 0.1.0 on DeepSpeed 0.19.8, wire format "
-                        f"{formats.WIRE_FORMAT_VERSION}, backend auto (native) [this rank]")
+    assert lines[1] == (
+        f"  rank 0 (host node-a): deepspeed_zeropp 0.1.0 on DeepSpeed 0.19.8, wire format "
+        f"{formats.WIRE_FORMAT_VERSION}, backend auto (native), codes and scales in one packet [this rank]")
     assert lines[2].startswith("  rank 1 (host unknown): no answer within 5 s: the patch is not active there")
     fix = lines[-1]
     assert fix.startswith("Fix: patch every rank the same way. Set DEEPSPEED_ZEROPP=1 (and DEEPSPEED_ZEROPP_BACKEND")
@@ -83,9 +84,9 @@ def test_different_wire_format_and_backend_family_named():
     published(store, 3, answer("node-a", backend="torch"))
     text = failure(store, 0, 4, answer("node-a"))
     assert f"  rank 1 (host node-b): deepspeed_zeropp 0.1.0 on DeepSpeed 0.19.8, wire format " \
-           f"{formats.WIRE_FORMAT_VERSION + 1}, backend auto (native) [DIFFERENT]" in text
-    assert "  rank 2 (host node-c): " in text and "backend deepspeed (deepspeed-op) [DIFFERENT]" in text
-    assert "  rank 3 (host node-a): " in text and "backend torch (native) [agrees]" in text  # same family: agrees
+           f"{formats.WIRE_FORMAT_VERSION + 1}, backend auto (native), codes and scales in one packet [DIFFERENT]" in text
+    assert "  rank 2 (host node-c): " in text and "backend deepspeed (deepspeed-op), codes and scales in one packet [DIFFERENT]" in text
+    assert "  rank 3 (host node-a): " in text and "backend torch (native), codes and scales in one packet [agrees]" in text  # same family
 
 
 def test_ranks_grouped_by_what_they_run():
@@ -117,6 +118,8 @@ def two_ranks(monkeypatch):
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
     monkeypatch.setattr(agreement, "_store", lambda: store)
     monkeypatch.setattr(agreement, "_round", 0)
+    from deepspeed_zeropp.patching.seams import gathers
+    monkeypatch.setattr(gathers, "sends_packets", lambda: True)  # as a patched rank (nothing is patched here)
     agreement.reset()
     yield store
     agreement.reset()
@@ -211,3 +214,23 @@ def test_quantize_seam_checks_then_quantizes(calls, monkeypatch):
     method = replacements.QUANTIZE(None)
     codes, scales = method(QuantizerMethods(), torch.ones(64))
     assert calls == ["ensure"] and codes.dtype == torch.int8
+
+
+def test_ranks_sending_packets_and_ranks_sending_apart_disagree():
+    """A patch that leaves the fetch seam out sends codes and scales in two all-gathers, which a rank reading
+    packets cannot take: the token differs, the error says which rank sends how, and own_answer reports it."""
+    from deepspeed_zeropp.patching import apply
+    from deepspeed_zeropp.patching.seams.gathers import FETCH_SITE
+    apart = answer("node-b")._replace(packets=False)
+    assert apart.token != answer().token
+    text = failure(published(Store(), 1, apart), 0, 2, answer())
+    assert "codes and scales in two all-gathers [DIFFERENT]" in text and "codes and scales in one packet" in text
+    try:
+        apply.patch()
+        assert agreement.own_answer().packets
+        apply.unpatch()
+        apply.patch(exclude=(FETCH_SITE, ))
+        assert not agreement.own_answer().packets
+    finally:
+        apply.unpatch()
+    assert agreement.Answer.decode(answer().encode()) == answer()

@@ -127,6 +127,16 @@ def _readers_patched():
     return all(apply.is_patched(name) for name in READERS)
 
 
+FETCH_SITE = "partition_parameters._dist_allgather_fn"  # its row in patching/sites.py
+
+
+def sends_packets():
+    """Whether this process sends quantized fetches as packets (the fetch seam and both readers patched): every
+    rank of a job must answer the same (the agreement check compares it)."""
+    from .. import apply
+    return apply.is_patched(FETCH_SITE) and _readers_patched()
+
+
 def _alias(unused, received):
     """Point ``unused`` (the receive buffer upstream allocated for codes or scales, which packets leave unread) at
     ``received``'s memory, freeing its own: its shape and the views upstream takes of it stay valid, and a fetch
