@@ -71,10 +71,6 @@ def set_link(link):
     STATE.link = link
 
 
-def _flat(tensor):
-    return tensor.reshape(-1) if tensor.is_contiguous() else None
-
-
 class SimulatedGroup(dist.ProcessGroup):
     """One group of the simulated world (the world itself, hpZ's node groups, qgZ's intra/inter-node groups).
 
