@@ -1,11 +1,11 @@
 """Train ZeRO-3 configurations as rank 0 of a simulated world, interleaved, and measure each one's steps.
 
-A repetition builds every configuration's engine in turn (the order rotated one further each repetition: A B C,
-B C A, ...), trains its warm-up steps, then its timed steps under each link model in turn, and releases it; so
-every configuration meets the same host and GPU state, and a ratio between two is taken within one repetition.
-Per run: step times, host CPU time, losses, skipped steps, collectives (by kind, dtype and link class) and the
-bytes this rank sends per link class; in the first repetition also the GPU kernel time and launches of two
-profiled steps and the peak memory.
+Every configuration's engine is built once (and trains its warm-up steps); a repetition then gives each engine in
+turn, the order rotated one further each repetition (A B C, B C A, ...), one untimed step and its timed steps under
+each link model, so a ratio between two configurations is taken within one repetition (:func:`run`). Per block:
+step times, host CPU time, losses, skipped steps, collectives (by kind, dtype and link class), the bytes this rank
+sends per link class and the peak memory; once per configuration, after the repetitions, the GPU kernel time and
+launches of two profiled steps.
 """
 import math
 import statistics
