@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from .grouping import group_layout
+from .formats.grouping import group_layout
 
 PACKAGE_PARENT = Path(__file__).resolve().parents[1]  # so the timed subprocesses import this same copy
 

@@ -24,7 +24,7 @@ def _round_trip(device, backend):
     import torch
     from . import ops
     from .backends import serving_name
-    from .dtypes import SUPPORTED_DTYPES
+    from .formats.dtypes import SUPPORTED_DTYPES
     lines = []
     for dtype in SUPPORTED_DTYPES:
         if device == "cpu" and dtype == torch.float16:

@@ -17,9 +17,9 @@ arguments, and answers None for anything it has not been told about, which conti
 """
 import torch
 
-from .dtypes import DEFAULT_DEQUANT_DTYPE, SUPPORTED_DTYPES, check_float_dtype, check_wire_tensors
+from .formats.dtypes import DEFAULT_DEQUANT_DTYPE, SUPPORTED_DTYPES, check_float_dtype, check_wire_tensors
 from .formats import int8
-from .grouping import Layout, group_layout
+from .formats.grouping import Layout, group_layout
 from .backends import resolve_backend
 
 CALLS_LIMIT = 4096  # signatures per op; a model uses far fewer. A full table is emptied: a hit stays one lookup

@@ -11,7 +11,7 @@ gradient converges to the exact mean (its error is at most the last carried erro
 import torch
 
 from deepspeed_zeropp.backends import torch_ref
-from deepspeed_zeropp.dtypes import SUPPORTED_DTYPES
+from deepspeed_zeropp.formats.dtypes import SUPPORTED_DTYPES
 from deepspeed_zeropp.loco import error_sizes
 from deepspeed_zeropp.formats.int4 import GROUP, Feedback, weights
 from tests.qgz_sim import reduce_scatter

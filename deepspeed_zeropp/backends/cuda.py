@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..dtypes import SUPPORTED_DTYPES, dtype_names
+from ..formats.dtypes import SUPPORTED_DTYPES, dtype_names
 from ..formats.int4 import GROUP, block_bytes
 
 NAME = "cuda"

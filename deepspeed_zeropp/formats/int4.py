@@ -1,6 +1,6 @@
 """qgZ's 4-bit gradient wire: the codec of one group, the block layout and the error-feedback rule
 (docs/numerics.md). The three steps built on it are implemented in ``backends/torch_ref.py`` (the reference, any
-device) and ``csrc/qgz.cu`` (CUDA), bit for bit alike; ``csrc/formats.cuh`` holds these constants for the kernels.
+device) and ``csrc/qgz.cu`` (CUDA), bit for bit alike; ``csrc/wire_formats.h`` holds these constants for the kernels.
 
 Codec: groups of GROUP values; scale = max(absmax, MIN_SCALE) in fp32, multiplier = LEVELS / scale (correctly
 rounded), codes = round-half-even(value * multiplier) clamped to [-LEVELS, LEVELS] = [-7, 7], two per byte as 4-bit

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..grouping import group_layout as layout  # noqa: F401  (the wire's group layout, a function of numel)
+from .grouping import group_layout as layout  # noqa: F401  (the wire's group layout, a function of numel)
 
 FLT_MAX = torch.finfo(torch.float32).max
 LEVELS = 128  # the multiplier's numerator: absmax maps to code 128, clamped to CODE_MAX

@@ -6,7 +6,7 @@ a row's range the attribute must exist; ``patch(strict=True)`` raises otherwise.
 """
 from typing import Callable, NamedTuple, Optional
 
-from ..quantizer import QuantizerMethods
+from .quantizer import QuantizerMethods
 from .seams import checkpoints, gathers, launcher, partitions, replacements
 
 PARTITION_PARAMETERS = "deepspeed.runtime.zero.partition_parameters"

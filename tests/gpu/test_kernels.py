@@ -11,8 +11,8 @@ if not torch.cuda.is_available():
 from deepspeed_zeropp import ops  # noqa: E402
 from deepspeed_zeropp.backends import cuda as cuda_backend  # noqa: E402
 from deepspeed_zeropp.backends import torch_ref  # noqa: E402
-from deepspeed_zeropp.dtypes import SUPPORTED_DTYPES  # noqa: E402
-from deepspeed_zeropp.grouping import group_layout  # noqa: E402
+from deepspeed_zeropp.formats.dtypes import SUPPORTED_DTYPES  # noqa: E402
+from deepspeed_zeropp.formats.grouping import group_layout  # noqa: E402
 from tests.helpers import assert_bitwise, extension_builds  # noqa: E402,F401
 
 DTYPES = SUPPORTED_DTYPES
@@ -169,7 +169,7 @@ def test_dequantize_prefix_of_padded_buffer(out_dtype, numel, group_size):
     assert_bitwise(out, torch_ref.dequantize(shifted.cpu(), scales.cpu(), group_size, out_dtype))
 
 
-# Layouts with a short last group (grouping.py): sizes where DeepSpeed's heuristic fails (primes, odd sizes), and
+# Layouts with a short last group (formats/grouping.py): sizes where DeepSpeed's heuristic fails (primes, odd sizes), and
 # explicit (numel, groups, group_size) with group sizes that are no multiple of the 16-byte packet.
 SHORT_LAST = [(n, *group_layout(n)) for n in (8001, 8581, 16004, 24001, 1000003, 4000001)]
 SHORT_LAST += [(200, 4, 61), (61, 4, 16), (17, 2, 9), (9, 5, 2), (100, 2, 99)]

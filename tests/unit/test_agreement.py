@@ -209,7 +209,7 @@ def test_mixz_after_partitioning_checks_only_when_on(calls, monkeypatch):
 
 
 def test_quantize_seam_checks_then_quantizes(calls, monkeypatch):
-    from deepspeed_zeropp.quantizer import QuantizerMethods
+    from deepspeed_zeropp.patching.quantizer import QuantizerMethods
     monkeypatch.setattr(agreement, "ensure", lambda: calls.append("ensure"))
     method = replacements.QUANTIZE(None)
     codes, scales = method(QuantizerMethods(), torch.ones(64))

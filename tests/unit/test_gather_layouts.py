@@ -12,9 +12,9 @@ import torch
 
 from deepspeed_zeropp import ops
 from deepspeed_zeropp.backends import deepspeed_op
-from deepspeed_zeropp.grouping import group_layout
+from deepspeed_zeropp.formats.grouping import group_layout
 from deepspeed_zeropp.patching.seams import gathers
-from deepspeed_zeropp.quantizer import QuantizerMethods
+from deepspeed_zeropp.patching.quantizer import QuantizerMethods
 from tests.helpers import Fp16OnlyOp
 
 PRIME = 8581  # a 131 x 131 weight's partition at 2 ranks: two groups, the second one shorter

@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import example, given, settings, strategies as st
 
-from deepspeed_zeropp.grouping import MAX_GROUP_SIZE, TARGET_GROUP_SIZE, Layout, group_layout
+from deepspeed_zeropp.formats.grouping import MAX_GROUP_SIZE, TARGET_GROUP_SIZE, Layout, group_layout
 
 
 class RecordingOp:

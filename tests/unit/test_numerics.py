@@ -5,8 +5,8 @@ import torch
 from hypothesis import example, given, settings, strategies as st
 
 from deepspeed_zeropp import ops
-from deepspeed_zeropp.dtypes import SUPPORTED_DTYPES
-from deepspeed_zeropp.grouping import MAX_GROUP_SIZE, group_layout
+from deepspeed_zeropp.formats.dtypes import SUPPORTED_DTYPES
+from deepspeed_zeropp.formats.grouping import MAX_GROUP_SIZE, group_layout
 from tests import naive
 
 DTYPES = list(SUPPORTED_DTYPES)

@@ -9,7 +9,7 @@ import torch
 from deepspeed_zeropp import ops
 from deepspeed_zeropp.backends import torch_ref
 from deepspeed_zeropp.formats import int8
-from deepspeed_zeropp.grouping import group_layout
+from deepspeed_zeropp.formats.grouping import group_layout
 from deepspeed_zeropp.patching.seams import gathers
 from tests.helpers import assert_bitwise
 

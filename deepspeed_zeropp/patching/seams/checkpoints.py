@@ -1,7 +1,7 @@
 """Seams where DeepSpeed saves and loads frozen parameters: a MixZ++ weight's fragment is its dequantized values
 (what zero_to_fp32 reads), carrying its codes and scales so that loading restores them exactly."""
-from ...dtypes import SUPPORTED_DTYPES
-from ...quantizer import QuantizerMethods
+from ...formats.dtypes import SUPPORTED_DTYPES
+from ..quantizer import QuantizerMethods
 from .common import own_dtype, stored_quantized
 
 

@@ -9,8 +9,8 @@ release are kept.
 """
 import torch
 
-from ...dtypes import SUPPORTED_DTYPES
-from ...scope import dequant_target
+from ...formats.dtypes import SUPPORTED_DTYPES
+from ..scope import dequant_target
 
 MARKER = "__deepspeed_zeropp__"
 

@@ -7,7 +7,7 @@ import contextlib
 import torch
 
 from ... import ops
-from ...scope import dequant_target
+from ..scope import dequant_target
 from .common import bucket_dtype, dtype_scoped, own_dtype, restore_dtypes, stored_quantized, weights_quantized
 
 

@@ -6,9 +6,9 @@ import contextlib
 import torch
 
 from ... import agreement
-from ...dtypes import SUPPORTED_DTYPES
-from ...quantizer import QuantizerMethods
-from ...scope import DEFERRED, deferring_quantize
+from ...formats.dtypes import SUPPORTED_DTYPES
+from ..quantizer import QuantizerMethods
+from ..scope import DEFERRED, deferring_quantize
 from .common import own_dtype, stored_quantized, weights_quantized
 
 

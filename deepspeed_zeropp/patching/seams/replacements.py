@@ -6,7 +6,7 @@ all-gather quantizes before it sends; qgZ encodes inside the collective), so the
 runs the same wire format (``agreement.ensure``: once per process, and only with a ZeRO++ flag, since DeepSpeed
 calls them for nothing else)."""
 from ... import agreement, loco, qgz
-from ...quantizer import QuantizerMethods
+from ..quantizer import QuantizerMethods
 from .common import replace_with
 
 

@@ -5,7 +5,7 @@
 class covers every instance, existing or future. The signatures match upstream 0.19.6+:
 ``quantize(param, groups=None)`` and ``dequantize(quantized_param, scale, dtype=None)``.
 """
-from . import backends, ops
+from .. import backends, ops
 from .scope import DEFERRED, current_target, quantize_is_deferred
 
 
@@ -19,7 +19,7 @@ class QuantizerMethods:
 
     def quantize(self, param, groups=None):
         """Why this seam: upstream reads every input as fp16 bits; ours quantizes each dtype natively and
-        picks a bounded group layout for any size (grouping.py). Returns int8 codes and 1-D fp32 scales
+        picks a bounded group layout for any size (formats/grouping.py). Returns int8 codes and 1-D fp32 scales
         (gloo-compatible), both views of one packet (formats/int8.py), so that a fetch can all-gather them at once
         (patching/seams/gathers.py)."""
         if quantize_is_deferred():

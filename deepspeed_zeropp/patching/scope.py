@@ -12,7 +12,7 @@ import torch
 
 
 class DequantTarget(NamedTuple):
-    """The dtype to hand back and the group layout of the gathered codes (grouping.py): k per-rank blocks, each
+    """The dtype to hand back and the group layout of the gathered codes (formats/grouping.py): k per-rank blocks, each
     quantized on its own, given by one of ``block_numel`` (the block's numel, for codes narrowed to a prefix),
     ``blocks`` (k, when the site dequantizes several buffers of different block sizes) or ``segments`` (the numel
     of every separately quantized buffer, in order). None of them: the codes are one quantized buffer.
