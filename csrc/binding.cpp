@@ -173,6 +173,64 @@ at::Tensor dequantize(
     return run_dequantize(codes, scales, group_size, block_numel, scalar_type_of(format_id));
 }
 
+// quantize() writing into the caller's `codes` (int8, input's numel) and `scales` (fp32, `groups`): views of a
+// packet buffer, so that codes and scales leave in one all-gather without a copy.
+void quantize_into(
+    const at::Tensor& input, int64_t groups, int64_t group_size, at::Tensor& codes, at::Tensor& scales)
+{
+    check_contiguous_cuda(input, "input");
+    check_contiguous_cuda(codes, "codes");
+    check_contiguous_cuda(scales, "scales");
+    const dszpp::Format format = format_of(input.scalar_type(), "input");
+    require(codes.scalar_type() == at::kChar && scales.scalar_type() == at::kFloat, "codes int8, scales float32");
+    require(codes.device() == input.device() && scales.device() == input.device(), "tensors on different devices");
+    const int64_t numel = input.numel();
+    require(groups >= 1 && groups <= INT32_MAX && group_size >= 0 && group_size < INT32_MAX - 64,
+            "groups must be in [1, 2^31) and group_size in [0, 2^31 - 64)");
+    require(numel <= groups * group_size && (numel == 0 || (groups - 1) * group_size < numel),
+            "groups of group_size elements must cover numel, the last one holding at least one element");
+    require(codes.numel() == numel && scales.numel() == groups, "codes must hold numel values and scales groups");
+    const OnDevice device(input);
+    dszpp::launch_quantize(format,
+                           input.data_ptr(),
+                           codes.data_ptr<int8_t>(),
+                           scales.data_ptr<float>(),
+                           groups,
+                           group_size,
+                           numel,
+                           device.stream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Per-rank rows read in place from a gathered buffer of packets: `codes` [k, n] int8 and `scales` [k, G] fp32,
+// views with unit inner stride whose rows lie the same number of bytes apart. Returns a new [k, n] tensor.
+at::Tensor dequantize_rows(const at::Tensor& codes, const at::Tensor& scales, int64_t group_size, int64_t format_id)
+{
+    require(codes.is_cuda() && codes.device() == scales.device(), "codes and scales must be on one CUDA device");
+    require(codes.scalar_type() == at::kChar && scales.scalar_type() == at::kFloat, "codes int8, scales float32");
+    require(codes.dim() == 2 && scales.dim() == 2 && codes.size(0) == scales.size(0), "codes [k, n], scales [k, G]");
+    require(codes.stride(1) == 1 && scales.stride(1) == 1, "rows must be contiguous");
+    const int64_t rows = codes.size(0), numel = codes.size(1);
+    require(rows <= 65535, "at most 65535 rows");
+    require(rows == 1 || codes.stride(0) == scales.stride(0) * 4, "codes and scales rows must lie equally far apart");
+    require(group_size >= 1 && scales.size(1) == (numel + group_size - 1) / group_size,
+            "scales must hold one value per group of group_size in a row");
+    const at::ScalarType out_type = scalar_type_of(format_id);
+    const OnDevice device(codes);
+    at::Tensor out = empty_on({rows, numel}, out_type);
+    dszpp::launch_dequantize_rows(format_of(out_type, "out"),
+                                  codes.data_ptr<int8_t>(),
+                                  scales.data_ptr<float>(),
+                                  rows == 1 ? 0 : codes.stride(0),
+                                  out.data_ptr(),
+                                  numel,
+                                  rows * numel,
+                                  group_size,
+                                  device.stream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return out;
+}
+
 // ---- Native call-signature tables: ops.quantize / ops.dequantize's hot path for CUDA tensors ----
 //
 // ops.py checks each new call signature in Python and remembers it. For this backend it also hands the signature to
@@ -528,6 +586,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.def("dequantize",
           &dequantize,
           "codes, scales, group_size, block_numel, format id (0 fp16, 1 bf16, 2 fp32) -> codes[i] * scale of i");
+    m.def("quantize_into", &quantize_into, "input, groups, group_size, codes, scales: quantize into given views");
+    m.def("dequantize_rows",
+          &dequantize_rows,
+          "codes [k, n], scales [k, G] (rows apart), group_size, format id -> [k, n] values");
     m.def("qgz_encode", &qgz_encode, "qgZ: gradient, destinations, rows, chunk, padded_chunk -> uint8 blocks");
     m.def("qgz_reduce_encode", &qgz_reduce_encode, "qgZ: blocks, rows, padded_chunk -> summed, re-encoded blocks");
     m.def("qgz_encode_feedback",

@@ -8,6 +8,11 @@
 // whenever the tensor allows. The last, partial packet and pointers that are not 16-byte aligned go element by element.
 // Packets are read and written with cache-streaming hints (formats.cuh).
 //
+// Rows (launch_dequantize_rows): the grid's second dimension walks rows that lie apart in memory (the packets of an
+// all-gather, each rank's codes with its own scales); each row is an equal-groups layout of its own, read in place,
+// and its values are written back to back. Packets stay 16-byte wide when every row's codes and output start on a
+// 16-byte boundary.
+//
 // Layouts (quantizer.h): equal groups, or blocks of block_numel elements each ending in a shorter group (a gather of
 // per-rank quantized buffers). Groups are numbered block after block, so stepping always moves to the next scale; only
 // a blocked layout has to track where in its block a group lies, to know the group's length. Equal groups compile to
@@ -21,6 +26,11 @@ namespace {
 constexpr int kThreads = 256;  // with kUnroll 4: measured ahead of 128 x 8, 512 x 4 and 512 x 8 at 16M and 134M
 constexpr int kUnroll = 4;
 
+// Distances between consecutive rows, in elements of codes, scales and output (zero for a single row).
+struct RowStrides {
+    int64_t codes, scales, out;
+};
+
 template <typename Index>
 __device__ __forceinline__ Index smaller(Index a, Index b)
 {
@@ -32,12 +42,19 @@ template <typename Fmt, int VEC, typename Index, bool kBlocked, bool kWhole>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(const int8_t* __restrict__ codes,
                                                               const float* __restrict__ scales,
                                                               typename Fmt::Bits* __restrict__ out,
-                                                              Index numel,
+                                                              Index row_numel,
+                                                              Index last_numel,
+                                                              RowStrides strides,
                                                               Index group_size,
                                                               Index block_numel,
                                                               Index block_groups)
 {
     using Bits = typename Fmt::Bits;
+    const size_t row = blockIdx.y;
+    const Index numel = row + 1 == gridDim.y ? last_numel : row_numel;
+    codes += row * strides.codes;
+    scales += row * strides.scales;
+    out += row * strides.out;
     using CodePacket = PacketOf<int8_t, VEC>;
     using OutPacket = PacketOf<Bits, VEC>;
     const Index tile = static_cast<Index>(blockIdx.x) * kThreads * kUnroll;
@@ -109,54 +126,77 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const int8_t* __re
     }
 }
 
+// `rows` rows of `row_numel` values, the last one of `last_numel`, `strides` apart (one row: the flat layouts).
+struct Rows {
+    int64_t rows, row_numel, last_numel;
+    RowStrides strides;
+};
+
 template <typename Fmt, int VEC, typename Index>
 void launch_with(const int8_t* codes,
                  const float* scales,
                  typename Fmt::Bits* out,
-                 int64_t numel,
+                 const Rows& rows,
                  int64_t group_size,
                  int64_t block_numel,
                  cudaStream_t stream)
 {
-    const int64_t packets = (numel + VEC - 1) / VEC;
-    const int64_t blocks = (packets + kThreads * kUnroll - 1) / (kThreads * kUnroll);
+    const int64_t packets = (rows.row_numel + VEC - 1) / VEC;
+    const dim3 grid(static_cast<unsigned>((packets + kThreads * kUnroll - 1) / (kThreads * kUnroll)),
+                    static_cast<unsigned>(rows.rows));
     const int64_t block_groups = (block_numel + group_size - 1) / group_size;
-    const auto n = static_cast<Index>(numel);
+    const auto n = static_cast<Index>(rows.row_numel);
+    const auto last = static_cast<Index>(rows.last_numel);
     const auto size = static_cast<Index>(group_size);
     if (block_numel % group_size == 0 && group_size % VEC == 0)
         dequantize_kernel<Fmt, VEC, Index, false, true>
-            <<<blocks, kThreads, 0, stream>>>(codes, scales, out, n, size, 0, 0);
+            <<<grid, kThreads, 0, stream>>>(codes, scales, out, n, last, rows.strides, size, 0, 0);
     else if (block_numel % group_size == 0)
         dequantize_kernel<Fmt, VEC, Index, false, false>
-            <<<blocks, kThreads, 0, stream>>>(codes, scales, out, n, size, 0, 0);
+            <<<grid, kThreads, 0, stream>>>(codes, scales, out, n, last, rows.strides, size, 0, 0);
     else
-        dequantize_kernel<Fmt, VEC, Index, true, false><<<blocks, kThreads, 0, stream>>>(
-            codes, scales, out, n, size, static_cast<Index>(block_numel), static_cast<Index>(block_groups));
+        dequantize_kernel<Fmt, VEC, Index, true, false><<<grid, kThreads, 0, stream>>>(
+            codes, scales, out, n, last, rows.strides, size, static_cast<Index>(block_numel),
+            static_cast<Index>(block_groups));
 }
+
+bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 template <typename Fmt>
 void launch(const int8_t* codes,
             const float* scales,
             void* out,
-            int64_t numel,
+            const Rows& rows,
             int64_t group_size,
             int64_t block_numel,
             cudaStream_t stream)
 {
     using Bits = typename Fmt::Bits;
     constexpr int kVec = 16 / sizeof(Bits);
-    if (numel == 0) return;
-    const bool aligned = reinterpret_cast<uintptr_t>(codes) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+    if (rows.rows == 0 || rows.row_numel == 0) return;
+    const bool aligned = aligned16(codes) && aligned16(out) && rows.strides.codes % 16 == 0 &&
+                         (rows.strides.out * static_cast<int64_t>(sizeof(Bits))) % 16 == 0;
     // 32-bit indices (cheaper division) while neither packet index arithmetic nor the layout's sizes overflow them.
     const int64_t limit = int64_t(1) << 32;
-    const bool narrow = numel + kThreads * kUnroll * kVec < limit && group_size < limit && block_numel < limit;
+    const bool narrow =
+        rows.row_numel + kThreads * kUnroll * kVec < limit && group_size < limit && block_numel < limit;
     Bits* bits = static_cast<Bits*>(out);
     if (aligned && narrow)
-        launch_with<Fmt, kVec, uint32_t>(codes, scales, bits, numel, group_size, block_numel, stream);
+        launch_with<Fmt, kVec, uint32_t>(codes, scales, bits, rows, group_size, block_numel, stream);
     else if (aligned)
-        launch_with<Fmt, kVec, uint64_t>(codes, scales, bits, numel, group_size, block_numel, stream);
+        launch_with<Fmt, kVec, uint64_t>(codes, scales, bits, rows, group_size, block_numel, stream);
     else
-        launch_with<Fmt, 1, uint64_t>(codes, scales, bits, numel, group_size, block_numel, stream);
+        launch_with<Fmt, 1, uint64_t>(codes, scales, bits, rows, group_size, block_numel, stream);
+}
+
+template <typename... Args>
+void dispatch(Format format, Args&&... args)
+{
+    switch (format) {
+        case Format::kHalf: launch<HalfFormat>(args...); break;
+        case Format::kBFloat16: launch<BFloat16Format>(args...); break;
+        case Format::kFloat: launch<FloatFormat>(args...); break;
+    }
 }
 
 }  // namespace
@@ -170,13 +210,24 @@ void launch_dequantize(Format format,
                        int64_t block_numel,
                        cudaStream_t stream)
 {
-    switch (format) {
-        case Format::kHalf: launch<HalfFormat>(codes, scales, out, numel, group_size, block_numel, stream); break;
-        case Format::kBFloat16:
-            launch<BFloat16Format>(codes, scales, out, numel, group_size, block_numel, stream);
-            break;
-        case Format::kFloat: launch<FloatFormat>(codes, scales, out, numel, group_size, block_numel, stream); break;
-    }
+    dispatch(format, codes, scales, out, Rows{1, numel, numel, {0, 0, 0}}, group_size, block_numel, stream);
+}
+
+void launch_dequantize_rows(Format format,
+                            const int8_t* codes,
+                            const float* scales,
+                            int64_t row_stride,
+                            void* out,
+                            int64_t row_numel,
+                            int64_t count,
+                            int64_t group_size,
+                            cudaStream_t stream)
+{
+    if (count == 0) return;
+    const int64_t used = (count + row_numel - 1) / row_numel;
+    const RowStrides strides = used == 1 ? RowStrides{0, 0, 0} : RowStrides{row_stride, row_stride / 4, row_numel};
+    const Rows layout{used, row_numel, count - (used - 1) * row_numel, strides};
+    dispatch(format, codes, scales, out, layout, group_size, group_size, stream);
 }
 
 }  // namespace dszpp

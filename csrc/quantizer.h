@@ -36,6 +36,20 @@ void launch_dequantize(Format format,
                        int64_t block_numel,
                        cudaStream_t stream);
 
+// Rows apart in memory (the packets of an all-gather): row r's codes start at codes + r * row_stride bytes and its
+// scales at scales + r * row_stride / 4 floats (row_stride a multiple of 4); each row holds row_numel codes in groups
+// of group_size, the last one possibly short. Writes the first `count` values of the rows back to back into out
+// (rows past them are not read; at most 65535 rows are read).
+void launch_dequantize_rows(Format format,
+                            const int8_t* codes,
+                            const float* scales,
+                            int64_t row_stride,
+                            void* out,
+                            int64_t row_numel,
+                            int64_t count,
+                            int64_t group_size,
+                            cudaStream_t stream);
+
 // qgZ, groups of int4::kGroup values. A block of `rows` rows holds rows * padded_chunk / 2 bytes of codes, then one
 // fp32 scale per group. Encode writes one block per destination d: row m quantizes chunk (m * destinations + d) of
 // `input` (chunks of `chunk` values, zero-padded to padded_chunk, values past numel are 0).

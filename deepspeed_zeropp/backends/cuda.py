@@ -160,6 +160,24 @@ def bind_dequantize(group_size, dtype, block_numel=None):
     return (_module or _extension()).dequantize, _layout_arguments(group_size, block_numel) + (_FORMAT_IDS[dtype], )
 
 
+def quantize_into(x, groups, group_size, codes, scales):
+    """``quantize`` writing into ``codes`` (int8, x's numel) and ``scales`` (fp32 [groups]): the views of a packet
+    (ops.quantize_packed), so that a packet costs one kernel and no copy."""
+    (_module or _extension()).quantize_into(x, groups, group_size, codes, scales)
+
+
+ROWS_LIMIT = 65535  # rows one dequantize_rows call reads (its grid's second dimension)
+
+
+def dequantize_ranks(codes, scales, group_size, dtype):
+    """Per-rank rows read in place from a gathered buffer of packets, one kernel: ``codes`` [k, n] and ``scales``
+    [k, G] strided views (ops.dequantize_packed) -> a new [k, n] tensor of ``dtype``."""
+    if codes.shape[0] > ROWS_LIMIT:
+        return torch.cat([dequantize_ranks(part, scale, group_size, dtype)
+                          for part, scale in zip(codes.split(ROWS_LIMIT), scales.split(ROWS_LIMIT))])
+    return (_module or _extension()).dequantize_rows(codes, scales, group_size, _FORMAT_IDS[dtype])
+
+
 def _layout_arguments(group_size, block_numel):
     """The extension's (group_size, block_numel): a block of one group size stands for equal groups."""
     return group_size, group_size if block_numel is None else block_numel

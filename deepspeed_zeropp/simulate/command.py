@@ -51,7 +51,9 @@ def plan_from(args):
         raise ValueError(f"link speeds must be positive Gbit/s, got {bad}")
     intra = links.NVLINK if args.intra_gbps is None else links.LinkClass(links.NVLINK.alpha_us, args.intra_gbps)
     named = {"free": None} if args.free or device == "cpu" else {}
-    if device == "cuda":
+    if device == "cuda" and topology.nodes == 1 and args.inter_gbps:  # one node: only NVLink is ever crossed
+        named["NVLink"] = links.Link(intra, links.LinkClass(args.inter_alpha_us, args.inter_gbps[0]), "one node")
+    elif device == "cuda":
         for gbps in args.inter_gbps:
             named[f"{gbps:g} Gbit/s"] = links.Link(intra, links.LinkClass(args.inter_alpha_us, gbps),
                                                    f"{gbps:g} Gbit/s per GPU across nodes")

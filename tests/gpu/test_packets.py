@@ -1,0 +1,73 @@
+"""Packets on the CUDA backend: quantize writes into the packet's views and the gathered packets are dequantized in
+place, each one kernel, bit for bit the torch reference's values (docs/numerics.md, "Packets")."""
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from deepspeed_zeropp import ops  # noqa: E402
+from tests.helpers import assert_bitwise, extension_builds  # noqa: E402,F401
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+# Per-rank sizes: below a 16-byte packet, odd (rows whose output is not 16-byte aligned), a multiple of 8 with groups
+# of a multiple of 8 (the vector path), a short last group, and groups of a size that is no multiple of 8.
+SIZES = [1, 7, 257, 8000, 8001, 16000, 24576, 40000, 100003]
+
+
+def _parts(numel, ranks, dtype):
+    gen = torch.Generator().manual_seed(numel + ranks)
+    magnitude = 10.0**(torch.rand(ranks, 1, generator=gen) * 4 - 2)
+    return [(torch.randn(numel, generator=gen) * magnitude[r]).to(dtype).cuda() for r in range(ranks)]
+
+
+def _gathered(parts, backend):
+    packed = [ops.quantize_packed(part, backend=backend) for part in parts]
+    return torch.cat([ops.packet_of(codes).buffer for codes, _ in packed]), ops.packet_of(packed[0][0]).layout
+
+
+@pytest.mark.parametrize("numel", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_packets_match_the_torch_reference(extension_builds, numel, dtype, ranks):
+    parts = _parts(numel, ranks, dtype)
+    received, layout = _gathered(parts, "cuda")
+    expected_received, expected_layout = _gathered([part.cpu() for part in parts], "torch")
+    assert layout == expected_layout
+    for r in range(ranks):  # codes and scales; the padding between them is never read
+        row, expected = received.view(ranks, -1)[r].cpu(), expected_received.view(ranks, -1)[r]
+        assert_bitwise(row[:layout.numel], expected[:layout.numel])
+        scales = slice(layout.scales_at, layout.scales_at + 4 * layout.groups)
+        assert_bitwise(row[scales], expected[scales])
+    for out_dtype in DTYPES:
+        for count in {ranks * numel, max(1, ranks * numel - 5), numel}:
+            values = ops.dequantize_packed(received, layout, (count, ), out_dtype, backend="cuda")
+            expected = ops.dequantize_packed(expected_received, layout, (count, ), out_dtype, backend="torch")
+            assert values.dtype == out_dtype and values.is_cuda
+            assert_bitwise(values.cpu(), expected)
+
+
+def test_rows_of_a_gather_at_an_offset(extension_builds):
+    """Rows read through views of a larger buffer (the packets start 16 bytes in), with their own scales."""
+    parts = _parts(8001, 2, torch.bfloat16)
+    received, layout = _gathered(parts, "cuda")
+    shifted = torch.empty(received.numel() + 16, dtype=torch.uint8, device="cuda")
+    shifted[16:].copy_(received)
+    assert_bitwise(
+        ops.dequantize_packed(shifted[16:], layout, (16002, ), torch.bfloat16, backend="cuda").cpu(),
+        ops.dequantize_packed(received, layout, (16002, ), torch.bfloat16, backend="cuda").cpu())
+
+
+def test_one_kernel_each_way(extension_builds):
+    """A packet costs the quantize kernel alone, and a gather of packets the dequantize kernel alone: no copies."""
+    parts = _parts(8001, 4, torch.bfloat16)
+    received, layout = _gathered(parts, "cuda")
+    ops.dequantize_packed(received, layout, (32000, ), torch.bfloat16, backend="cuda")
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        ops.quantize_packed(parts[0], backend="cuda")
+        ops.dequantize_packed(received, layout, (32000, ), torch.bfloat16, backend="cuda")
+        torch.cuda.synchronize()
+    kernels = [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(kernels) == 2, kernels
+
