@@ -1,14 +1,18 @@
-"""Compatibility run: tiers 1-2 of the test suite against each DeepSpeed release in versions.txt.
+"""Compatibility run: the unit and multi-rank tests against each DeepSpeed release in versions.txt.
 
 Each release is installed into its own directory (``--target``, no dependencies: the CI environment already
-has what they need) and put first on PYTHONPATH for one pytest run. The per-test outcomes become the README's
-support table (between the ``support-table`` markers) and tests/compat/support_table.md.
+has what they need) and put first on PYTHONPATH for one pytest run. The per-test outcomes become the support table
+(tests/compat/support_table.md, and the README's between the ``support-table`` markers unless ``--no-readme``): one
+row per feature, one column per release, each cell what ran there.
 
-    python -m tests.compat.matrix [--versions 0.14.4 0.19.8] [--no-readme] [--installed-junit PATH]
+    python -m tests.compat.matrix [--versions 0.14.4 0.19.8] [--no-readme] [--installed-junit PATH ...]
+    python -m tests.compat.matrix --report-only --installed-junit PATH ...   # the table of the last runs, into README
 
-The DeepSpeed installed in the running environment is not reinstalled. Its outcomes come from a fresh run, or from
-the JUnit report of a whole test run with it named by ``--installed-junit`` (.ci/run passes its README test run's),
-so that run is not repeated.
+Other releases run every unit and multi-rank file except ``INSTALLED_ONLY``, whose outcome does not depend on the
+DeepSpeed release (their cells read "—" there). The DeepSpeed installed in the running environment is not
+reinstalled. Its outcomes come from a fresh run of every tier, or from the JUnit reports named by
+``--installed-junit`` (.ci/run passes those of its two runs: the README's test command, then the slow files), so that
+run is not repeated.
 """
 import argparse
 import os
@@ -22,21 +26,34 @@ CACHE = ROOT / ".compat"
 TABLE = Path(__file__).with_name("support_table.md")
 START, END = "<!-- support-table:start -->", "<!-- support-table:end -->"
 
-# Columns of the support table: a title and the test ids (substrings) whose outcomes it summarises.
-COLUMNS = (
-    ("unit", ("tests.unit.", )),
-    ("qwZ bf16 BERT #7775", ("test_bert_bf16_coalesced_issue_7775", )),
-    ("qwZ fp32", ("test_bert_fp32", )),
-    ("sequential gather", ("test_bert_bf16_sequential", )),
-    ("mixed-dtype bucket", ("test_bucket_mixing_bf16_and_fp32", )),
-    ("unpatched fails as upstream", ("test_unpatched_reproduces_upstream_failure", )),
-    ("MixZ++ bf16 + defect fixes", ("tests.multirank.test_mixz.", )),
+# Files run with the installed release only, and why their outcome is the same on every release:
+INSTALLED_ONLY = (
+    "tests/multirank/test_activation.py",  # the import hook, the launchers and the examples: ours, not DeepSpeed's
+    "tests/unit/test_install.py",  # packaging
+    "tests/multirank/test_agreement.py",  # the check runs in our entry points, through the store
+    "tests/multirank/test_fetch_packets.py",  # packets vs DeepSpeed's two all-gathers; every other file trains on them
+    "tests/multirank/test_simulate.py",  # a smoke of the simulate command, a tool for the newest release
+)
+
+# Rows of the support table: a title and the test ids (substrings) whose outcomes it summarises.
+ROWS = (
+    ("unit tests", ("tests.unit.", )),
+    ("qwZ bf16, the BERT of the crash (coalesced gather)", ("test_bert_bf16_coalesced_issue_7775", )),
+    ("qwZ fp32, sequential gather, bf16 + fp32 in one bucket", ("test_bert_fp32", "test_bert_bf16_sequential",
+                                                                "test_bucket_mixing_bf16_and_fp32")),
+    ("unpatched run fails as upstream does", ("test_unpatched_reproduces_upstream_failure", )),
+    ("inert without a ZeRO++ flag (bit for bit stock)", ("tests.multirank.test_inert.", )),
+    ("MixZ++ bf16, defect fixes, exports, CPU offload", ("tests.multirank.test_mixz.",
+                                                         "tests.multirank.test_export.")),
     ("LoRA (PEFT, Llama)", ("test_lora_frozen_bf16_base_fp32_adapters", )),
     ("checkpoint round trip", ("test_checkpoint_round_trip", )),
-    ("hpZ 4 ranks", ("test_hpz_four_ranks_bf16", )),
+    ("hpZ, 4 ranks", ("test_hpz_four_ranks_bf16", )),
     ("qgZ bf16/fp32", ("tests.multirank.test_qgz.", )),
     ("qgZ + LoCo bf16/fp32", ("tests.multirank.test_loco.", )),
-    ("DEEPSPEED_ZEROPP=1 (HF Trainer, launchers)", ("tests.multirank.test_activation.", )),
+    ("DEEPSPEED_ZEROPP=1 (HF Trainer, launchers), install", ("tests.multirank.test_activation.",
+                                                             "tests.unit.test_install.")),
+    ("one packet per fetch, agreement, simulate",
+     ("tests.multirank.test_fetch_packets.", "tests.multirank.test_agreement.", "tests.multirank.test_simulate.")),
 )
 
 
@@ -70,19 +87,16 @@ def run_tests(version, target):
     paths = [str(ROOT)] if target is None else [str(target), str(ROOT)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), DS_ACCELERATOR="cpu")
     env.pop("PYTEST_ADDOPTS", None)  # the same selection and report for every release, whatever the caller's options
-    # The DEEPSPEED_ZEROPP=1 launcher tests and the install test exercise the import hook and packaging, the same on
-    # every release, and cost a minute each time: they run with the installed release only.
-    command = [
-        sys.executable, "-m", "pytest", "-q", f"--junitxml={junit}", "tests/unit", "tests/multirank",
-        "--ignore=tests/multirank/test_activation.py", "--ignore=tests/unit/test_install.py"
-    ]
+    command = [sys.executable, "-m", "pytest", "-q", f"--junitxml={junit}", "tests/unit", "tests/multirank"]
+    if target is not None:
+        command += [f"--ignore={path}" for path in INSTALLED_ONLY]
     subprocess.run(command, cwd=ROOT, env=env)
     return read_junit(junit)
 
 
-def read_junit(junit):
+def read_junit(*reports):
     outcomes = {}
-    for case in ET.parse(junit).iter("testcase"):
+    for case in (case for junit in reports for case in ET.parse(junit).iter("testcase")):
         test_id = f"{case.get('classname')}.{case.get('name')}"
         failed = case.find("failure") is not None or case.find("error") is not None
         outcomes[test_id] = "skipped" if case.find("skipped") is not None else ("failed" if failed else "passed")
@@ -99,11 +113,19 @@ def cell(outcomes, keys):
     return "pass" if "passed" in selected else "skipped"
 
 
+def torch_version():
+    from importlib.metadata import version
+    return version("torch")
+
+
 def render(results):
-    header = "| DeepSpeed | " + " | ".join(title for title, _ in COLUMNS) + " |"
-    lines = [header, "|" + "---|" * (len(COLUMNS) + 1)]
-    for version, outcomes in results.items():
-        lines.append(f"| {version} | " + " | ".join(cell(outcomes, keys) for _, keys in COLUMNS) + " |")
+    """One row per feature, one column per release; the torch the tests ran with in the corner."""
+    installed = installed_version()
+    releases = [f"{v} (installed)" if v == installed else v for v in results]
+    corner = f"DeepSpeed, with torch {torch_version()} (CPU, gloo)"
+    lines = [f"| {corner} | " + " | ".join(releases) + " |", "|---" * (len(results) + 1) + "|"]
+    for title, keys in ROWS:
+        lines.append(f"| {title} | " + " | ".join(cell(outcomes, keys) for outcomes in results.values()) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -122,16 +144,19 @@ def main(argv=None):
     parser.add_argument("--report-only", action="store_true", help="tabulate the last runs' results, run nothing")
     parser.add_argument("--installed-junit",
                         type=Path,
-                        help="JUnit report of a whole test run with the installed DeepSpeed: its row, not run again")
+                        nargs="+",
+                        help="JUnit reports of runs that together ran every tier with the installed DeepSpeed: its "
+                        "column, not run again")
     args = parser.parse_args(argv)
-    if args.installed_junit and not args.installed_junit.is_file():
-        parser.error(f"--installed-junit {args.installed_junit}: no such file")
+    for report in args.installed_junit or ():
+        if not report.is_file():
+            parser.error(f"--installed-junit {report}: no such file")
     CACHE.mkdir(exist_ok=True)
     results = {}
     for version in args.versions or versions_from_file():
         print(f"== DeepSpeed {version}", flush=True)
         if version == installed_version() and args.installed_junit:
-            results[version] = read_junit(args.installed_junit)
+            results[version] = read_junit(*args.installed_junit)
         elif version == installed_version() and not args.report_only:
             results[version] = run_tests(version, None)
         elif args.report_only:

@@ -36,4 +36,48 @@ def test_installed_release_row_from_a_named_report_only(tmp_path, monkeypatch):
     assert runs == [installed]
     assert matrix.main(["--versions", installed, "--no-readme", "--installed-junit", str(named)]) == 1
     assert runs == [installed]
-    assert f"| {installed} | FAIL (1/1) |" in (tmp_path / "table.md").read_text()
+    table = (tmp_path / "table.md").read_text()
+    assert f"| {installed} (installed) |" in table.splitlines()[0]
+    assert "| unit tests | FAIL (1/1) |" in table
+
+
+def test_installed_column_merges_reports_and_other_releases_skip_installed_only_files(tmp_path, monkeypatch):
+    """.ci/run names two reports (the README's test command, then the slow files): the column holds both. Another
+    release runs without the INSTALLED_ONLY files, and its cells there say "—" (not run), not "pass"."""
+    quick, slow = tmp_path / "quick.xml", tmp_path / "slow.xml"
+    quick.write_text('<testsuites><testsuite><testcase classname="tests.unit.test_any" name="test_one"/>'
+                     '</testsuite></testsuites>')
+    slow.write_text('<testsuites><testsuite><testcase classname="tests.multirank.test_agreement" name="test_two"/>'
+                    '</testsuite></testsuites>')
+    monkeypatch.setattr(matrix, "CACHE", tmp_path)
+    monkeypatch.setattr(matrix, "TABLE", tmp_path / "table.md")
+    commands = []
+
+    def fake_run(command, cwd, env):
+        commands.append(command)
+        junit = next(arg for arg in command if arg.startswith("--junitxml="))
+        Path(junit.split("=", 1)[1]).write_text(quick.read_text())
+
+    monkeypatch.setattr(matrix, "install", lambda version: tmp_path / f"ds-{version}")
+    monkeypatch.setattr(matrix.subprocess, "run", fake_run)
+    installed = matrix.installed_version()
+    argv = ["--versions", "0.0.1", installed, "--no-readme", "--installed-junit", str(quick), str(slow)]
+    assert matrix.main(argv) == 0
+    assert [c for c in commands[0] if c.startswith("--ignore=")] == [f"--ignore={p}" for p in matrix.INSTALLED_ONLY]
+    rows = {line.split(" | ")[0]: line for line in (tmp_path / "table.md").read_text().splitlines()}
+    assert rows["| one packet per fetch, agreement, simulate"].endswith("| — | pass |")
+    assert rows["| unit tests"].endswith("| pass | pass |")
+
+
+def test_table_rows_and_installed_only_files_name_tests_that_exist():
+    """A renamed test or file would leave its row "—" on every release, or run on every release without a word."""
+    sources = {path: path.read_text() for path in (ROOT / "tests").rglob("test_*.py")}
+    for path in matrix.INSTALLED_ONLY:
+        assert (ROOT / path).is_file(), path
+    for title, keys in matrix.ROWS:
+        for key in keys:
+            if key.startswith("tests."):
+                assert (ROOT / (key.rstrip(".").replace(".", "/") + ".py")).is_file() or (
+                    ROOT / key.rstrip(".").replace(".", "/")).is_dir(), (title, key)
+            else:
+                assert any(f"def {key}(" in text for text in sources.values()), (title, key)
