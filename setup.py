@@ -64,6 +64,7 @@ setup(
     install_requires=requirements("runtime.txt"),
     extras_require={
         "deepspeed": requirements("deepspeed.txt"),
+        "demo": requirements("deepspeed.txt") + requirements("demo.txt"),  # python -m deepspeed_zeropp demo
         "dev": requirements("dev.txt")
     },
     entry_points={"console_scripts": ["deepspeed-zeropp=deepspeed_zeropp.cli:main"]},

@@ -1,7 +1,7 @@
 """Convergence of ZeRO++ on real text: unquantized vs our qwZ+qgZ vs upstream's qwZ+qgZ, bf16 and fp16.
 
 A GPT-2-small-shaped model (12 layers, width 768) over byte tokens of the Python standard library's own sources
-(``deepspeed_zeropp._harness.models.corpus``: offline on any machine), 2 GPUs with each rank seeing only its own GPU,
+(``harness.models.corpus``: offline on any machine), 2 GPUs with each rank seeing only its own GPU,
 so DeepSpeed treats the ranks as two nodes and qgZ's quantized reduce-scatter runs. Every run trains from the same
 seed on the same batches. The upstream runs use the installed DeepSpeed unpatched (its compiled quantizer, built on
 first use). Each configuration and dtype is one job; with ``--parallel`` all jobs run side by side (the GPUs have room;
@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from deepspeed_zeropp._harness.launch import run_job  # noqa: E402
+from harness.launch import run_job  # noqa: E402
 
 TAIL = 100  # the figure of merit: mean loss over the last TAIL steps
 WARMUP = 50  # steps of linear learning-rate warm-up
@@ -179,7 +179,7 @@ def main():
     configs = tuple(c for c in configs if args.only is None or c[0] in args.only)
     commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                            text=True).stdout.strip() or "unknown"
-    from deepspeed_zeropp._harness.models import corpus
+    from harness.models import corpus
     results, meta = run_all(args.dtypes, args.steps, args.lr, args.parallel, args.device, configs)
     rows = summary(results, configs)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """End-to-end ZeRO-3 step time on 2 GPUs as 2 nodes: unquantized vs ours vs upstream's qwZ and qwZ+qgZ.
 
 A GPT-2-architecture model of 1.3B parameters (24 layers, width 2048, vocabulary 50304) in bf16, built partitioned on the GPU under
-``zero.Init``, trained with AdamW on the harness's learnable batches (``deepspeed_zeropp._harness``). Each rank sees
+``zero.Init``, trained with AdamW on the harness's learnable batches (``harness``). Each rank sees
 only its own GPU, so DeepSpeed treats the ranks as two nodes and qgZ runs. "upstream" is the installed DeepSpeed
 unpatched (its compiled quantizer); "ours" the same DeepSpeed patched. Every repetition is one job that trains the
 configurations one after the other (A B C D E, A B C D E, ...), each from the same seed on the same batches; the first
@@ -34,7 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from deepspeed_zeropp._harness import launch  # noqa: E402
+from harness import launch  # noqa: E402
 
 CONFIGS = {  # key: (label, patched, run options); the order is the order within every repetition
     "unquantized": ("unquantized", False, {}),
@@ -285,7 +285,7 @@ def checks(link, summary, ratio):
 
 def git_commit(args):
     """--commit, else what the kernel benchmark names ($BENCH_COMMIT or the checkout's commit, "+dirty" if edited)."""
-    from deepspeed_zeropp.bench import commit
+    from benchmarks.bench_kernels import commit
     return args.commit or commit()
 
 

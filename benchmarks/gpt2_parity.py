@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from deepspeed_zeropp._harness.launch import run_job  # noqa: E402
-from deepspeed_zeropp.bench import commit  # noqa: E402
+from harness.launch import run_job  # noqa: E402
+from benchmarks.bench_kernels import commit  # noqa: E402
 
 
 def main():

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from deepspeed_zeropp.bench import commit, interleaved  # noqa: E402
+from benchmarks.bench_kernels import commit, interleaved  # noqa: E402
 
 WIDTH = 2048
 MATRICES = [(WIDTH, 3 * WIDTH), (WIDTH, WIDTH), (WIDTH, 4 * WIDTH), (4 * WIDTH, WIDTH)]

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from deepspeed_zeropp._harness.launch import run_job  # noqa: E402
-from deepspeed_zeropp.bench import commit  # noqa: E402
+from harness.launch import run_job  # noqa: E402
+from benchmarks.bench_kernels import commit  # noqa: E402
 
 CASES = [[dtype, [4096, 4096]] for dtype in ("fp16", "bf16", "fp32")] + [["bf16", [4096, 4096]]]
 
@@ -38,7 +38,7 @@ def measure(device):
                 "dtype": "bf16",
                 "patch": patch,
                 "runs": runs,
-                "instruments": "benchmarks._qgz_instruments"
+                "instruments": "harness.qgz_instruments"
             },
             device=device,
             timeout=400)

@@ -20,12 +20,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from deepspeed_zeropp.formats import int4  # noqa: E402
 from deepspeed_zeropp.backends import cuda as ours  # noqa: E402
-from deepspeed_zeropp.bench import environment, load_deepspeed_op, time_per_call  # noqa: E402
+from deepspeed_zeropp.formats.dtypes import BY_NAME as DTYPES  # noqa: E402
+from benchmarks.bench_kernels import environment, load_deepspeed_op, time_per_call  # noqa: E402
 
 NODES, LOCAL = 2, 8
 WORLD = NODES * LOCAL
 SHAPES = {"1M": (1024, 1024), "16M": (4096, 4096), "67M": (8192, 8192)}
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 STEPS = ("encode", "reduce", "decode")
 ROTATION_BYTES = 512 * 2**20
 

@@ -1,4 +1,6 @@
-"""Command line: ``python -m deepspeed_zeropp doctor | demo | simulate | bench`` (also ``deepspeed-zeropp``)."""
+"""Command line: ``python -m deepspeed_zeropp doctor | demo | simulate`` (also ``deepspeed-zeropp``).
+
+The kernel benchmarks are scripts of the repository (``benchmarks/``), not commands of the package."""
 import argparse
 import sys
 
@@ -9,7 +11,9 @@ def main(argv=None):
     commands = parser.add_subparsers(dest="command", required=True)
     doctor = commands.add_parser("doctor", help="check this environment and the patch, with advice")
     doctor.add_argument("--backend", default="auto")
-    demo = commands.add_parser("demo", help="2-rank ZeRO-3 bf16 training with zero_quantized_weights, both ways")
+    demo = commands.add_parser("demo",
+                               help="2-rank ZeRO-3 bf16 training with zero_quantized_weights, both ways "
+                               "(needs deepspeed_zeropp[demo])")
     demo.add_argument("--steps", type=int, default=5)
     demo.add_argument("--device", choices=["auto", "cpu", "cuda-shared"], default="auto")
     simulate = commands.add_parser("simulate",
@@ -17,9 +21,6 @@ def main(argv=None):
                                    "measured as rank 0 of it on this GPU")
     from .simulate import command as simulate_command
     simulate_command.add_arguments(simulate)
-    bench = commands.add_parser("bench", help="run the kernel benchmarks (needs a CUDA GPU)")
-    bench.add_argument("--out", default="benchmarks/results")
-    bench.add_argument("--name", help="file name stem of the results (default: kernels_<gpu>)")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         from .doctor import run
@@ -27,10 +28,7 @@ def main(argv=None):
     if args.command == "demo":
         from .demo import run
         return run(steps=args.steps, device=args.device)
-    if args.command == "simulate":
-        return simulate_command.run(args)
-    from .bench import run
-    return run(out=args.out, name=args.name)
+    return simulate_command.run(args)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import sys
 from packaging.version import Version
 
 PROBLEM, WARN, OK = "PROBLEM", "warning", "ok"
+NOTE, SKIPPED = "note", "n/a"  # what the patch is for; a site this release does not have (nothing to patch)
 
 
 def _version(package):
@@ -27,8 +28,6 @@ def _round_trip(device, backend):
     from .formats.dtypes import SUPPORTED_DTYPES
     lines = []
     for dtype in SUPPORTED_DTYPES:
-        if device == "cpu" and dtype == torch.float16:
-            continue  # DeepSpeed refuses fp16 on its CPU accelerator; nothing to prove here
         x = torch.randn(4099, device=device).to(dtype) * 1e3
         what = f"round trip {device} {str(dtype)[6:]} (backend {backend}"
         try:
@@ -122,17 +121,18 @@ def checks(backend="auto"):
     elif release > Version(sites.NEWEST_KNOWN):
         yield WARN, f"DeepSpeed {ds} is newer than the newest release tested ({sites.NEWEST_KNOWN})"
     if release < Version(sites.UPSTREAM_DTYPE_FIX):
-        yield WARN, (f"DeepSpeed {ds} has the dtype bug: bf16/fp32 with zero_quantized_weights crashes "
-                     "('expected scalar type Half but found BFloat16', #7775) or corrupts weights")
+        yield NOTE, (f"DeepSpeed {ds} unpatched has the dtype bug: bf16/fp32 with zero_quantized_weights crashes "
+                     "('expected scalar type Half but found BFloat16') or corrupts weights; the patch fixes it")
     else:
-        yield WARN, (f"DeepSpeed {ds} casts bf16/fp32 through fp16 to quantize (values above 65504 become NaN, "
-                     "tiny ones vanish) and asserts on partitions that are not multiples of 8")
+        yield NOTE, (f"DeepSpeed {ds} unpatched casts bf16/fp32 through fp16 to quantize (values above 65504 become "
+                     "NaN, tiny ones vanish) and asserts on partitions that are not multiples of 8; the patch "
+                     "fixes both")
     if backend not in BACKENDS:
         yield PROBLEM, f"--backend {backend!r} is not a backend; choose one of {', '.join(BACKENDS)}"
         return
     import deepspeed_zeropp
-    from .patching.apply import _originals
-    was_patched = bool(_originals)
+    from .patching.apply import is_patched
+    was_patched = is_patched()
     try:
         report = deepspeed_zeropp.patch(backend=backend, strict=False)
     except Exception as error:  # with DEEPSPEED_ZEROPP=1 this is also where the import hook fails
@@ -140,7 +140,8 @@ def checks(backend="auto"):
         yield from _activation_checks()
         return
     for site_report in report.sites:
-        level = PROBLEM if site_report.status.startswith("missing") else OK
+        level = (PROBLEM
+                 if site_report.status.startswith("missing") else OK if site_report.status == "patched" else SKIPPED)
         yield level, f"site {site_report.name}: {site_report.status}"
     if qgz_backend_name(backend) != backend:
         yield WARN, (f"backend {backend} has no qgZ: zero_quantized_gradients (and LoCo) run on backend "
@@ -162,11 +163,18 @@ def checks(backend="auto"):
 
 
 def run(backend="auto"):
-    problems = 0
-    for level, message in checks(backend):
-        problems += level == PROBLEM
+    # Every check first, then the list: what DeepSpeed logs while the checks import and patch it comes before it.
+    results = list(checks(backend))
+    for level, message in results:
         print(f"[{level:>7}] {message}")
-    print("doctor: " + ("everything needed is in place" if not problems else f"{problems} problem(s) to fix"))
+    problems = sum(level == PROBLEM for level, _ in results)
+    warned = sum(level == WARN for level, _ in results)
+    if problems:
+        print(f"doctor: {problems} problem(s) to fix")
+    elif warned:
+        print(f"doctor: the patch works here; read the {warned} warning(s) above")
+    else:
+        print("doctor: everything needed is in place")
     return 1 if problems else 0
 
 

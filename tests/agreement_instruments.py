@@ -1,4 +1,4 @@
-"""Harness instruments (``spec["instruments"]``, see deepspeed_zeropp/_harness/worker.py) for the agreement check.
+"""Harness instruments (``spec["instruments"]``, see harness/worker.py) for the agreement check.
 
 - ``run["agreement"] == "off"``: ``agreement.ensure`` does nothing for this run (a job as it ran before the check);
   ``"on"``: the check starts afresh. Both report ``collectives``, the calls of torch.distributed's collectives from

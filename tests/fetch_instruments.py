@@ -1,4 +1,4 @@
-"""Instruments of the fetch tests (``spec["instruments"]``; hooks as in deepspeed_zeropp/_harness/worker.py): what the
+"""Instruments of the fetch tests (``spec["instruments"]``; hooks as in harness/worker.py): what the
 ZeRO-3 weight fetches cost in collectives and operations, and whether packets carried them.
 
 - every run reports ``collectives``: all-gathers issued through DeepSpeed's communication backend during the training

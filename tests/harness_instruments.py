@@ -1,5 +1,5 @@
 """Instruments of the multi-rank tests, run inside the harness's ranks (``spec["instruments"] =
-"tests.harness_instruments"``; hooks as described in deepspeed_zeropp/_harness/worker.py). Run keys:
+"tests.harness_instruments"``; hooks as described in harness/worker.py). Run keys:
 
 - ``write_back``: rank 0 writes a frozen weight through GatheredParameters(modifier_rank=0) before the last step;
   reports ``written`` (its name).
@@ -24,8 +24,8 @@ from collections import Counter
 
 import torch
 
-from deepspeed_zeropp._harness import models
-from deepspeed_zeropp._harness.worker import make_engine, release_engine, train_step
+from harness import models
+from harness.worker import make_engine, release_engine, train_step
 
 # Our code that does work: quantizer calls, the dequantize scopes of gather sites, padding, deferral, qgZ, the ranks'
 # agreement check. With no ZeRO++ flag none of them may run.

@@ -3,10 +3,10 @@ import pytest
 import torch
 
 from deepspeed_zeropp.backends import torch_ref
+from deepspeed_zeropp.formats.dtypes import BY_NAME as DTYPES  # noqa: F401  (the tests' dtype table)
 
 STEPS = 5  # training steps of a harness job unless a test says otherwise
 FROZEN = ["embeddings", "attention"]  # a LoRA-like split of BERT: frozen embeddings and attention, trainable FFNs
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def loss_tolerance(baseline):
@@ -43,12 +43,12 @@ def assert_trained_like_baseline(result,
 
 
 def assert_shared_all_to_alls_change_no_bit(cases, loco, batches, **job):
-    """Runs benchmarks/_qgz_instruments.qgz_batches on ``cases`` ([dtype name, shape] pairs) with ``run_job``'s
+    """Runs harness/qgz_instruments.qgz_batches on ``cases`` ([dtype name, shape] pairs) with ``run_job``'s
     ``job`` arguments: every batch limit's 4-bit results (and LoCo's error buffers) bit for bit those of one call
     per gradient, ``batches`` the batch counts of the default, two-largest and one-byte limits, and one all-to-all
     per batch and stage."""
-    from deepspeed_zeropp._harness.launch import run_job
-    spec = {"model": "bert", "dtype": "bf16", "patch": True, "instruments": "benchmarks._qgz_instruments"}
+    from harness.launch import run_job
+    spec = {"model": "bert", "dtype": "bf16", "patch": True, "instruments": "harness.qgz_instruments"}
     result = run_job(dict(spec, runs=[{"name": "batches", "qgz_batches": cases, "loco": loco}]), **job)
     run = result["runs"]["batches"]
     assert "error" not in run, run

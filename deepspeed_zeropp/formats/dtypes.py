@@ -1,7 +1,9 @@
-"""The dtypes the quantizer accepts, and the one place that checks them."""
+"""The dtypes the quantizer accepts, the one place that checks them, and their short names."""
 import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The short names job specs, benchmark tables and test ids use, in the order of SUPPORTED_DTYPES.
+BY_NAME = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 DEFAULT_DEQUANT_DTYPE = torch.float16  # what DeepSpeed's dequantize returns when no dtype is asked for
 
 

@@ -131,9 +131,9 @@ def _site_report(site, version, version_string, exclude, strict, replaced):
     return SiteReport(site.name, "missing (not patched)")
 
 
-def is_patched(name):
-    """Whether the site ``name`` (``Site.name``) is patched now."""
-    return name in _originals
+def is_patched(name=None):
+    """Whether the site ``name`` (``Site.name``) is patched now; without a name, whether any site is."""
+    return bool(_originals) if name is None else name in _originals
 
 
 def _restore(name):

@@ -7,7 +7,7 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from deepspeed_zeropp._harness.launch import run_job  # noqa: E402
+from harness.launch import run_job  # noqa: E402
 from tests.helpers import assert_shared_all_to_alls_change_no_bit, assert_trained_like_baseline  # noqa: E402
 
 RUNS = [{
@@ -44,7 +44,7 @@ def test_bert_bf16_qwz_and_mixz(device):
 
 
 CASES = [["bf16", [64, 96]], ["fp32", [64, 96]], ["fp16", [64, 96]]]
-QGZ_CHECK = "benchmarks._qgz_instruments"  # the harness instrument that runs a qgZ reduction and measures it
+QGZ_CHECK = "harness.qgz_instruments"  # the harness instrument that runs a qgZ reduction and measures it
 # Where qgZ runs with the CUDA codec: every rank sees one GPU, so DeepSpeed counts each rank as a node. Sharing GPU 0
 # goes over gloo (any machine with a GPU), one GPU per rank over NCCL.
 QGZ_DEVICES = [

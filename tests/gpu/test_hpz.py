@@ -10,7 +10,7 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from deepspeed_zeropp._harness.launch import run_job  # noqa: E402
+from harness.launch import run_job  # noqa: E402
 from tests.helpers import assert_trained_like_baseline, loss_tolerance  # noqa: E402
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deepspeed_zeropp._harness.launch import extensions_dir, free_port, release_shared_memory
+from harness.launch import extensions_dir, free_port, release_shared_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from deepspeed_zeropp._harness.launch import run_job
+from harness.launch import run_job
 from deepspeed_zeropp.formats import WIRE_FORMAT_VERSION
 
 BOUND = 10  # seconds: DEEPSPEED_ZEROPP_AGREEMENT_TIMEOUT of the mixed job

@@ -8,7 +8,7 @@ import tempfile
 
 import pytest
 
-from deepspeed_zeropp._harness.launch import run_job
+from harness.launch import run_job
 from tests.helpers import FROZEN, assert_clean, assert_trained_like_baseline
 
 STEPS = 2

@@ -6,7 +6,7 @@ torch backend's arithmetic is deterministic), every quantized fetch sends one pa
 all-gathers than the unquantized run's."""
 import pytest
 
-from deepspeed_zeropp._harness.launch import run_job
+from harness.launch import run_job
 from tests.helpers import STEPS, assert_trained_like_baseline, has_sequential_flag
 
 SPLIT = ["partition_parameters._dist_allgather_fn"]

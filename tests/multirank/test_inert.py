@@ -5,7 +5,7 @@ One job trains each configuration twice from the same seed, unpatched then patch
 are padded at 2 ranks: per-step losses and a digest of every final parameter must be equal."""
 import pytest
 
-from deepspeed_zeropp._harness.launch import run_job
+from harness.launch import run_job
 
 CONFIGS = {
     "bf16": {},

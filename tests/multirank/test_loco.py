@@ -9,7 +9,7 @@ import pytest
 from packaging.version import Version
 
 from deepspeed_zeropp.patching.sites import LOCO_SINCE, LOCO_UNTIL
-from deepspeed_zeropp._harness.launch import run_job
+from harness.launch import run_job
 
 DEEPSPEED = Version(Version(version("deepspeed")).base_version)
 pytestmark = pytest.mark.skipif(not Version(LOCO_SINCE) <= DEEPSPEED <= Version(LOCO_UNTIL),

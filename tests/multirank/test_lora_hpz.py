@@ -1,7 +1,7 @@
 """A realistic LoRA run (Llama from a config + PEFT adapters), checkpoint round trips, and hpZ at 4 ranks."""
 import pytest
 
-from deepspeed_zeropp._harness.launch import run_job
+from harness.launch import run_job
 from tests.helpers import assert_clean, assert_trained_like_baseline, loss_tolerance
 
 LORA = {"model": "llama_lora", "dtype": "fp32", "model_dtype": "bf16", "patch": True, "seed": 0}

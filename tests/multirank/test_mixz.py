@@ -6,7 +6,7 @@ garbage cannot hide behind a loss. Each defect fix also has a run with its site 
 import pytest
 
 from deepspeed_zeropp.formats.grouping import group_layout
-from deepspeed_zeropp._harness.launch import run_job
+from harness.launch import run_job
 from tests.helpers import FROZEN, assert_clean, assert_trained_like_baseline, has_sequential_flag
 
 

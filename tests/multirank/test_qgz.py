@@ -5,7 +5,7 @@ qgZ only runs when world_size // device_count > 1; on DeepSpeed's CPU accelerato
 """
 import pytest
 
-from deepspeed_zeropp._harness.launch import run_job
+from harness.launch import run_job
 from tests.helpers import assert_shared_all_to_alls_change_no_bit, assert_trained_like_baseline
 from tests.qgz_sim import bound_of_largest
 
@@ -38,7 +38,7 @@ def test_reduce_scatter_within_4bit_bound(world_size, local_size):
             "dtype": "bf16",
             "patch": True,
             "runs": runs,
-            "instruments": "benchmarks._qgz_instruments"
+            "instruments": "harness.qgz_instruments"
         },
         world_size=world_size,
         local_size=local_size,

@@ -6,7 +6,7 @@ import importlib.metadata
 import pytest
 from packaging.version import Version
 
-from deepspeed_zeropp._harness.launch import run_job
+from harness.launch import run_job
 
 
 @pytest.mark.skipif(Version(importlib.metadata.version("deepspeed")) < Version("0.18.4"),

@@ -8,7 +8,7 @@ showing that quantized all-gathers really ran (at world size 1 nothing is ever q
 import pytest
 from packaging.version import Version
 
-from deepspeed_zeropp._harness.launch import run_job
+from harness.launch import run_job
 from tests.helpers import STEPS, assert_trained_like_baseline, has_sequential_flag
 
 WORLD = 2

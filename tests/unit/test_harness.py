@@ -4,16 +4,24 @@ from pathlib import Path
 
 import pytest
 
-from deepspeed_zeropp._harness.launch import instrument_root, run_job
+from harness.launch import instrument_root, run_job
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = {"model": "bert", "dtype": "bf16", "patch": True, "runs": [{"name": "baseline"}]}
 
 
-@pytest.mark.parametrize("name", ["tests.harness_instruments", "benchmarks._qgz_instruments", "tests"])
+@pytest.mark.parametrize("name", ["tests.harness_instruments", "harness.qgz_instruments", "tests"])
 def test_ranks_import_instruments_from_where_this_process_does(name):
-    """A module in a package, in a namespace package (benchmarks/ has no __init__.py) and a package itself."""
+    """A module in a package and a package itself."""
     assert instrument_root(name) == str(ROOT)
+
+
+def test_ranks_import_instruments_from_a_namespace_package(tmp_path, monkeypatch):
+    """A module in a folder without __init__.py: the root is the folder above it."""
+    (tmp_path / "loose").mkdir()
+    (tmp_path / "loose" / "probe.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert instrument_root("loose.probe") == str(tmp_path)
 
 
 @pytest.mark.parametrize("names", [42, ["tests.harness_instruments", None], {"tests.harness_instruments": True}])

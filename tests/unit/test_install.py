@@ -31,8 +31,10 @@ def test_regular_and_editable_installs_ship_the_pth(tmp_path):
         subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", *editable, str(source)], check=True)
         assert (site_packages / "deepspeed_zeropp.pth").is_file(), (editable,
                                                                     sorted(p.name for p in site_packages.iterdir()))
-        if not editable:  # the demo's harness ships with the package
-            assert (site_packages / "deepspeed_zeropp" / "_harness" / "worker.py").is_file()
+        if not editable:  # the demo's worker ships with the package; the test harness and the benchmarks do not
+            assert (site_packages / "deepspeed_zeropp" / "demo" / "worker.py").is_file()
+            assert not (site_packages / "harness").exists() and not (site_packages / "benchmarks").exists()
+            assert not (site_packages / "deepspeed_zeropp" / "_harness").exists()
     probe = (
         "import deepspeed, deepspeed_zeropp; from deepspeed.runtime.zero.partition_parameters import CUDAQuantizer; "
         "print(deepspeed_zeropp.__file__, hasattr(CUDAQuantizer.quantize, '__deepspeed_zeropp__'))")

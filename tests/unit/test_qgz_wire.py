@@ -3,11 +3,11 @@ import pytest
 import torch
 
 from deepspeed_zeropp.backends import torch_ref
+from deepspeed_zeropp.formats.dtypes import BY_NAME as DTYPES
 from deepspeed_zeropp.formats.int4 import GROUP, LEVELS, STEP, block_bytes
 from tests.qgz_sim import bound_of_largest, geometry, reduce_scatter
 
 TOPOLOGIES = [(2, 1), (3, 1), (4, 2), (6, 2), (8, 4)]  # (world, local_size)
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def exactly_representable(world, local_size, numel, dtype, seed):

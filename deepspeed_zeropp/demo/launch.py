@@ -1,7 +1,7 @@
-"""Start a harness job: one subprocess per rank on this machine, rendezvous over TCP on localhost."""
+"""Start a job of several ranks on this machine: one subprocess per rank, each running a worker module on a JSON job
+spec, rendezvous over TCP on localhost; rank 0 writes the results the caller gets back."""
 import contextlib
 import glob
-import importlib.util
 import json
 import os
 import shutil
@@ -39,58 +39,31 @@ def extensions_dir():
                         f"torch_extensions_ds{version('deepspeed')}")
 
 
-def instrument_names(names):
-    """``spec["instruments"]`` as a list of module names."""
-    if names is None:
-        return []
-    if isinstance(names, str):
-        return [names]
-    if isinstance(names, (list, tuple)) and all(isinstance(name, str) for name in names):
-        return list(names)
-    raise ValueError(f"spec['instruments'] is {names!r}; expected a module name or a list of module names")
-
-
-def instrument_root(name):
-    """The sys.path entry this process imports instrument module ``name`` from, for the ranks to import it the same
-    way: the directory above its top-level package."""
-    try:
-        found = importlib.util.find_spec(name)
-    except ModuleNotFoundError:  # a missing parent package
-        found = None
-    if found is None or found.origin is None:
-        raise ValueError(f"spec['instruments']: no module {name!r} importable here (a dotted module name is expected)")
-    levels = name.count(".") + (os.path.basename(found.origin) == "__init__.py")
-    root = os.path.dirname(os.path.abspath(found.origin))
-    for _ in range(levels):
-        root = os.path.dirname(root)
-    return root
-
-
 DEVICES = ("cpu", "cuda-shared", "cuda", "cuda-isolated")
 
 
-def run_job(spec, world_size=2, timeout=600, env=None, device="cpu", local_size=None):
-    """Run ``spec`` (see worker.py) on ``world_size`` local ranks; return rank 0's results dict.
+def run_ranks(worker, spec, world_size=2, timeout=600, env=None, device="cpu", local_size=None, paths=()):
+    """Run ``python -m worker spec.json`` on ``world_size`` local ranks; return the results dict rank 0 wrote to
+    ``spec["out"]`` (set here, with ``spec["device"]``).
 
     ``device``: "cpu" (DeepSpeed's CPU accelerator, gloo), "cuda-shared" (every rank on GPU 0, gloo: several
     ranks on a one-GPU machine, NCCL refuses that; each rank sees one device, so each is its own node and qgZ
     runs), "cuda" (one GPU per rank, NCCL) or "cuda-isolated" (as "cuda", but each rank sees only its own GPU, so
     every rank is its own node: how qgZ runs on one host over NCCL). Raises JobFailed with the ranks' output tails
     if a rank crashes, hangs past ``timeout`` seconds, or rank 0 writes no result.
-    ``spec["instruments"]``: modules importable here whose hooks the ranks run (worker.py).
+    ``paths``: sys.path entries the ranks need first (where ``worker`` and what it imports are found).
     ``local_size``: ranks per "node" on CPU (DeepSpeed's CPU accelerator counts devices from LOCAL_SIZE); fewer
     than ``world_size`` makes several nodes, which is when ZeRO++ qgZ runs."""
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
-    roots = [instrument_root(name) for name in instrument_names(spec.get("instruments"))]
     workdir = tempfile.mkdtemp(prefix="deepspeed_zeropp_job_")
     try:
-        return _run_in(workdir, spec, world_size, timeout, env, device, local_size, roots)
+        return _run_in(workdir, worker, spec, world_size, timeout, env, device, local_size, paths)
     finally:  # the job's files (checkpoints of ~100 MB included) are read or in the exception by now
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run_in(workdir, spec, world_size, timeout, env, device, local_size, roots):
+def _run_in(workdir, worker, spec, world_size, timeout, env, device, local_size, roots):
     spec = dict(spec, out=os.path.join(workdir, "result.json"), device=device)
     spec_path = os.path.join(workdir, "spec.json")
     with open(spec_path, "w") as f:
@@ -106,7 +79,7 @@ def _run_in(workdir, spec, world_size, timeout, env, device, local_size, roots):
     base_env.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
     paths = [path for path in base_env.get("PYTHONPATH", "").split(os.pathsep) if path]
     missing = [root for root in dict.fromkeys(roots) if root not in paths]
-    if missing:  # first: the ranks import the same instrument modules as this process
+    if missing:  # first: the ranks import the same modules as this process
         base_env["PYTHONPATH"] = os.pathsep.join(missing + paths)
     if device == "cpu":
         base_env["DS_ACCELERATOR"] = "cpu"
@@ -117,7 +90,7 @@ def _run_in(workdir, spec, world_size, timeout, env, device, local_size, roots):
         if device == "cuda-isolated":
             rank_env["CUDA_VISIBLE_DEVICES"] = str(rank)
         procs.append(
-            subprocess.Popen([sys.executable, "-m", "deepspeed_zeropp._harness.worker", spec_path],
+            subprocess.Popen([sys.executable, "-m", worker, spec_path],
                              env=rank_env,
                              stdout=log,
                              stderr=subprocess.STDOUT))
@@ -137,7 +110,7 @@ def _run_in(workdir, spec, world_size, timeout, env, device, local_size, roots):
         log.close()
     if hung or any(p.returncode != 0 for p in procs) or not os.path.exists(spec["out"]):
         reason = f"timed out after {timeout}s" if hung else "a rank failed"
-        failed = JobFailed(f"harness job {reason}:\n" + "\n".join(tails))
+        failed = JobFailed(f"job ({worker}) {reason}:\n" + "\n".join(tails))
         if os.path.exists(spec["out"]):
             with open(spec["out"]) as f:
                 failed.partial = json.load(f)

@@ -1,7 +1,7 @@
 """qgZ's reduce-scatter measured inside the harness's ranks: accuracy against the exact mean and time per call.
 
-A harness instrument module (``spec["instruments"] = "benchmarks._qgz_instruments"``; hooks as described in
-deepspeed_zeropp/_harness/worker.py): a run with ``qgz_check`` set runs no training but :func:`qgz_check` on its
+A harness instrument module (``spec["instruments"] = "harness.qgz_instruments"``; hooks as described in
+harness/worker.py): a run with ``qgz_check`` set runs no training but :func:`qgz_check` on its
 ``cases`` ([dtype name, shape] pairs), gradients times ``scale``, timed over ``time_reps`` calls. Used by
 benchmarks/qgz_gpu.py and tests/multirank/test_qgz.py.
 """
@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from deepspeed_zeropp._harness.worker import DTYPES
+from deepspeed_zeropp.formats.dtypes import BY_NAME as DTYPES
 
 
 def time_reduce(reduce, gradient, groups, reps):

@@ -1,22 +1,7 @@
 """Models the harness trains, built from configs (no downloads), and their synthetic batches."""
 import torch
 
-VOCAB = 2048  # word embeddings above 500k elements: large enough for quantize_nontrainable_params
-SEQ = 32
-
-
-def bert(dtype, layers=4, hidden=256):
-    """The DeepSpeed #7775 shape: BertForSequenceClassification from a BertConfig. With hidden 256 and vocab
-    1024 several partitions at 2 ranks are not multiples of 8 (257 and others): upstream asserts on them."""
-    from transformers import BertConfig, BertForSequenceClassification
-    config = BertConfig(vocab_size=VOCAB + 1,
-                        hidden_size=hidden,
-                        num_hidden_layers=layers,
-                        num_attention_heads=4,
-                        intermediate_size=4 * hidden,
-                        max_position_embeddings=64,
-                        num_labels=2)
-    return BertForSequenceClassification(config).to(dtype)
+from deepspeed_zeropp.demo.worker import SEQ, VOCAB, bert, bert_batch
 
 
 class MixedLinear(torch.nn.Module):
@@ -155,6 +140,4 @@ def batch(model, step, rank, batch_size=4, **options):
         stride = torch.randint(1, 64, (batch_size, 1), generator=generator)
         input_ids = (start + stride * torch.arange(seq)) % vocab
         return {"input_ids": input_ids, "labels": input_ids}
-    input_ids = torch.randint(1, VOCAB, (batch_size, SEQ), generator=generator)
-    labels = torch.randint(0, 2, (batch_size, ), generator=generator)
-    return {"input_ids": input_ids, "labels": labels}
+    return bert_batch(step, rank, batch_size)  # BERT's, and the MLPs' (the same token range)

@@ -1,4 +1,5 @@
-"""The multi-rank ZeRO-3 training harness behind the demo and the benchmark scripts; not a public API.
+"""The multi-rank ZeRO-3 training harness of the tests and the benchmarks (not shipped: setup.py installs only
+deepspeed_zeropp, whose demo keeps a small worker of its own, which this one builds on).
 
 ``launch.run_job`` starts one process per rank (CPU gloo by default), each running ``worker`` on a job spec;
 rank 0 returns per-step losses, the dtypes seen at every forward, and counters proving quantization ran. What else a

@@ -19,16 +19,17 @@ import importlib
 import json
 import os
 import sys
-import time
 import traceback
 
 import torch
 
-from ..simulate.runner import release as release_engine
+from deepspeed_zeropp.demo import worker as demo_worker
+from deepspeed_zeropp.demo.worker import ForwardChecks
+from deepspeed_zeropp.formats.dtypes import BY_NAME as DTYPES
+from deepspeed_zeropp.simulate.runner import release as release_engine
+
 from . import models
 from .launch import instrument_names
-
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 
 
 def ds_config(run, dtype, batch_size=4):
@@ -88,85 +89,18 @@ def ds_config(run, dtype, batch_size=4):
     return config
 
 
-class Counters:
-    """Counts calls through DeepSpeed's quantizer and handles without changing what they do."""
-
-    def __init__(self):
-        self.counts = {}
-        self._restore = []
-
-    def spy(self, owner, attr, key, when=lambda *a, **k: True):
-        original = owner.__dict__[attr]
-
-        def counting(*args, **kwargs):
-            if when(*args, **kwargs):
-                self.counts[key] = self.counts.get(key, 0) + 1
-            return original(*args, **kwargs)
-
-        setattr(owner, attr, counting)
-        self._restore.append((owner, attr, original))
+class Counters(demo_worker.Counters):
+    """The demo's counters, and qgZ's and LoCo's reduce-scatters."""
 
     def install(self):
-        from deepspeed.runtime.zero import partition_parameters as pp, stage3
+        from deepspeed.runtime.zero import stage3
         from deepspeed_zeropp import qgz
         self.spy(stage3, "all_to_all_quant_reduce", "quantized_gradient_reductions")
         if "all_to_all_loco_quant_reduce" in vars(stage3):
             self.spy(stage3, "all_to_all_loco_quant_reduce", "loco_gradient_reductions")
         self.spy(qgz, "_encode", "gradients_reduced_in_4_bits")
         self.spy(qgz, "_reduce_scatter_plain", "unquantized_gradient_batches")
-        self.spy(pp.CUDAQuantizer, "quantize", "quantize")
-        self.spy(pp.CUDAQuantizer, "dequantize", "dequantize")
-        self.spy(pp.AllGatherHandle, "wait", "quantized_single_gathers",
-                 lambda h, *a, **k: getattr(h, "_AllGatherHandle__quantization", None) is not None)
-        self.spy(pp.AllGatherCoalescedHandle, "wait", "quantized_bucket_gathers",
-                 lambda h, *a, **k: getattr(h, "quantization", None) is not None)
-
-    def remove(self):
-        for owner, attr, original in reversed(self._restore):
-            setattr(owner, attr, original)
-
-
-class ForwardChecks:
-    """At every module forward (after ZeRO-3 gathered its parameters): dtype kept, and values still equal to
-    the originals within the int8 bound wherever they cannot have been trained yet (frozen, or before step 1)."""
-
-    def __init__(self, model, originals=None):
-        """``originals``: full values by parameter, for models already partitioned at construction. Without a
-        model nothing is expected (step-time runs: no full-precision copy of a model that may fill the device)."""
-        originals = originals or {}
-        self.expected = {
-            p: (n, p.dtype, originals.get(p, p).detach().float().clone(), p.requires_grad)
-            for n, p in (model.named_parameters() if model is not None else ())
-        }
-        self.checks = 0
-        self.dtype_errors = []
-        self.value_errors = []
-        self.max_rel_error = 0.0
-        self.trained = False
-        self.largest = max((original.abs().max().item() for _, _, original, _ in self.expected.values()), default=0.0)
-
-    def hook(self, module, inputs):
-        for param in module.parameters(recurse=False):
-            name, dtype, original, trainable = self.expected[param]
-            self.checks += 1
-            if param.dtype != dtype:
-                self.dtype_errors.append(f"{name}: {param.dtype} (expected {dtype})")
-            elif (not trainable or not self.trained) and param.numel() == original.numel():
-                self.compare(name, param.detach().float().view(original.shape), original)
-
-    def compare(self, name, gathered, original):
-        """A coalesced bucket quantizes groups that span neighbouring parameters, so a group's absmax can come
-        from the largest parameter in the model: one int8 step of that (absmax/128; +absmax itself clamps from
-        code 128 to 127), plus the dtype's rounding, bounds the error. Garbage (bits misread, uninitialised buffers) is off by the values' own size."""
-        error = (gathered - original.to(gathered.device)).abs().max().item()
-        own = original.abs().max().item() or 1.0
-        self.max_rel_error = max(self.max_rel_error, error / own)
-        if not error <= self.largest / 128 + own * 2**-8:
-            self.value_errors.append(f"{name}: max error {error:.3g} (absmax {own:.3g})")
-
-    def attach(self, model):
-        for module in model.modules():
-            module.register_forward_pre_hook(self.hook)
+        super().install()
 
 
 def apply_patch(spec, run):
@@ -233,14 +167,7 @@ def batch_of(spec, step, rank):
 
 def train_step(engine, spec, step, rank):
     """One optimizer step; returns the loss averaged over ranks and the step's wall time in ms."""
-    batch = {k: v.to(engine.device) for k, v in batch_of(spec, step, rank).items()}
-    start = time.perf_counter()
-    loss = engine(**batch)["loss"]
-    engine.backward(loss)
-    engine.step()
-    mean = loss.detach().float().clone()
-    torch.distributed.all_reduce(mean)  # also waits for the step to finish on every rank
-    return mean.item() / torch.distributed.get_world_size(), (time.perf_counter() - start) * 1000
+    return demo_worker.train_step(engine, batch_of(spec, step, rank))
 
 
 def reset_hpz_group():
