@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from deepspeed_zeropp import ops  # noqa: E402
 from deepspeed_zeropp.backends import cuda  # noqa: E402
-from deepspeed_zeropp.bench import commit, interleaved  # noqa: E402
+from benchmarks.bench_kernels import commit, interleaved  # noqa: E402
 
 RANKS = 8
 SIZES = {"1-D tensor": 2048, "matrix share": 2048 * 2048 // RANKS, "bucket share": 7 * 2048 * 2048 // RANKS}
