@@ -66,9 +66,8 @@ def run(steps=5, device="auto"):
           f"{'every step is' if within else 'NOT every step is'} within the bound the multi-rank tests accept "
           "(0.02 + 2% of the loss).")
     if "error" in unpatched:
-        print(
-            f"\nwithout the patch, DeepSpeed {upstream.get('deepspeed', 'as installed')} fails at its first quantized "
-            f"step with: {unpatched['error']}")
+        print(f"\nwithout the patch, DeepSpeed {upstream.get('deepspeed', 'as installed')} stops with: "
+              f"{unpatched['error']}")
     elif unpatched.get("dtype_errors") or unpatched.get("value_errors"):
         print(f"\nwithout the patch, DeepSpeed {upstream['deepspeed']} trains, but hands parameters back wrong: "
               f"{(unpatched['dtype_errors'] + unpatched['value_errors'])[:3]}")
