@@ -4,15 +4,18 @@ This script does not import deepspeed_zeropp. Run it with DEEPSPEED_ZEROPP=1 to 
 
     DEEPSPEED_ZEROPP=1 torchrun --nproc_per_node 2 examples/hf_trainer_bert.py --deepspeed examples/ds_config_zeropp.json
 
-(on a machine without GPUs add DS_ACCELERATOR=cpu). Without the variable, DeepSpeed up to 0.19.5 fails with
-"expected scalar type Half but found BFloat16", and 0.19.6+ with "...the number of weights be a multiple of 8".
+On a machine without GPUs prefix DS_ACCELERATOR=cpu LOCAL_SIZE=2 (DeepSpeed's CPU accelerator, two ranks on this
+host). Without the variable, DeepSpeed up to 0.19.5 fails with "expected scalar type Half but found BFloat16", and
+0.19.6+ with "...the number of weights be a multiple of 8". Rank 0 ends with one line, ``RESULT {...}``: the
+per-step losses, the dtypes every parameter had in its module's forward, and whether the patch was active.
 """
 import argparse
 import json
 import os
+import warnings
 
 import torch
-from transformers import AutoModelForSequenceClassification, BertConfig, Trainer, TrainingArguments
+from transformers import AutoModelForSequenceClassification, BertConfig, Trainer, TrainingArguments, set_seed
 
 
 class RandomTokens(torch.utils.data.Dataset):
@@ -43,6 +46,8 @@ class DtypeProbe(torch.nn.Module):
 
 
 def main():
+    # Deprecation notices of the collectives DeepSpeed calls, one per rank and call site: not this example's concern.
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     parser = argparse.ArgumentParser()
     parser.add_argument("--deepspeed", required=True)
     parser.add_argument("--steps", type=int, default=3)
@@ -58,6 +63,7 @@ def main():
                                       report_to=[],
                                       save_strategy="no",
                                       seed=0,
+                                      disable_tqdm=True,
                                       use_cpu=not torch.cuda.is_available())
     config = BertConfig(vocab_size=2049,
                         hidden_size=256,
@@ -66,7 +72,8 @@ def main():
                         intermediate_size=1024,
                         max_position_embeddings=64,
                         num_labels=2)
-    model = AutoModelForSequenceClassification.from_config(config, torch_dtype=torch.bfloat16)
+    set_seed(0)  # the same initial weights on every run (the Trainer seeds only after the model exists)
+    model = AutoModelForSequenceClassification.from_config(config, dtype=torch.bfloat16)
     probe = DtypeProbe(model)
     trainer = Trainer(model=model, args=training_args, train_dataset=RandomTokens())
     trainer.train()

@@ -1,15 +1,22 @@
 """A plain DeepSpeed training loop with ZeRO++ quantized weights in bf16; it does not import deepspeed_zeropp.
 
     DEEPSPEED_ZEROPP=1 deepspeed --num_gpus 2 examples/plain_deepspeed.py --deepspeed_config examples/ds_config_zeropp.json
+
+On a machine without GPUs prefix DS_ACCELERATOR=cpu LOCAL_SIZE=2 (DeepSpeed's CPU accelerator, two ranks on this
+host). Rank 0 ends with one line, ``RESULT {...}``: the per-step losses, the parameters' dtypes, whether the patch was
+active.
 """
 import argparse
 import json
+import warnings
 
 import deepspeed
 import torch
 
 
 def main():
+    # Deprecation notices of the collectives DeepSpeed calls, one per rank and call site: not this example's concern.
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     parser = argparse.ArgumentParser()
     parser.add_argument("--deepspeed_config", required=True)
     parser.add_argument("--local_rank", type=int, default=-1)
