@@ -173,8 +173,10 @@ def dequantize_ranks(codes, scales, group_size, dtype):
     """Per-rank rows read in place from a gathered buffer of packets, one kernel: ``codes`` [k, n] and ``scales``
     [k, G] strided views (ops.dequantize_packed) -> a new [k, n] tensor of ``dtype``."""
     if codes.shape[0] > ROWS_LIMIT:
-        return torch.cat([dequantize_ranks(part, scale, group_size, dtype)
-                          for part, scale in zip(codes.split(ROWS_LIMIT), scales.split(ROWS_LIMIT))])
+        return torch.cat([
+            dequantize_ranks(part, scale, group_size, dtype)
+            for part, scale in zip(codes.split(ROWS_LIMIT), scales.split(ROWS_LIMIT))
+        ])
     return (_module or _extension()).dequantize_rows(codes, scales, group_size, _FORMAT_IDS[dtype])
 
 

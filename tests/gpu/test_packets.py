@@ -29,7 +29,7 @@ def _gathered(parts, backend):
 @pytest.mark.parametrize("numel", SIZES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("ranks", [1, 3])
-def test_packets_match_the_torch_reference(extension_builds, numel, dtype, ranks):
+def test_packets_match_the_torch_reference(numel, dtype, ranks):
     parts = _parts(numel, ranks, dtype)
     received, layout = _gathered(parts, "cuda")
     expected_received, expected_layout = _gathered([part.cpu() for part in parts], "torch")
@@ -47,7 +47,7 @@ def test_packets_match_the_torch_reference(extension_builds, numel, dtype, ranks
             assert_bitwise(values.cpu(), expected)
 
 
-def test_rows_of_a_gather_at_an_offset(extension_builds):
+def test_rows_of_a_gather_at_an_offset():
     """Rows read through views of a larger buffer (the packets start 16 bytes in), with their own scales."""
     parts = _parts(8001, 2, torch.bfloat16)
     received, layout = _gathered(parts, "cuda")
@@ -58,7 +58,7 @@ def test_rows_of_a_gather_at_an_offset(extension_builds):
         ops.dequantize_packed(received, layout, (16002, ), torch.bfloat16, backend="cuda").cpu())
 
 
-def test_one_kernel_each_way(extension_builds):
+def test_one_kernel_each_way():
     """A packet costs the quantize kernel alone, and a gather of packets the dequantize kernel alone: no copies."""
     parts = _parts(8001, 4, torch.bfloat16)
     received, layout = _gathered(parts, "cuda")
@@ -70,4 +70,3 @@ def test_one_kernel_each_way(extension_builds):
         torch.cuda.synchronize()
     kernels = [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
     assert len(kernels) == 2, kernels
-

@@ -1,0 +1,99 @@
+"""Where a ZeRO-3 step's host time goes, per configuration: rank 0 of a simulated world (deepspeed_zeropp.simulate),
+collectives free, each configuration's steps under cProfile, the functions compared by their own time and by the
+time spent under them. The step is host-bound (benchmarks/results/simulated_world.md), so what the quantized path
+adds to the host is what it adds to the step.
+
+    python benchmarks/host_profile.py [--configs unquantized ours-qwz upstream-qwz] [--steps 3] [--out DIR]
+writes host_profile.md (the top functions per configuration, and the totals of this package's and DeepSpeed's
+functions).
+"""
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from deepspeed_zeropp.simulate import model, runner, world  # noqa: E402
+
+TOP = 25
+
+
+def _area(filename):
+    if "deepspeed_zeropp" in filename:
+        return "deepspeed_zeropp"
+    if "/deepspeed/" in filename:
+        return "deepspeed"
+    if "/torch/" in filename:
+        return "torch (Python)"
+    if filename.startswith("~") or filename.startswith("<"):
+        return "built-in / C"
+    return "other"
+
+
+def profile(key, engine, plan, first):
+    runner.set_patch(runner.CONFIGS[key])
+    runner.step(engine, plan.shape, plan.micro_batch, first)
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for i in range(plan.steps):
+        runner.step(engine, plan.shape, plan.micro_batch, first + 1 + i)
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    total = sum(row[2] for row in stats.stats.values())
+    areas = {}
+    for (filename, _, _), row in stats.stats.items():
+        areas[_area(filename)] = areas.get(_area(filename), 0.0) + row[2]
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(TOP)
+    cumulative = io.StringIO()
+    pstats.Stats(profiler, stream=cumulative).sort_stats("cumulative").print_stats(TOP)
+    return total / plan.steps, {k: v / plan.steps for k, v in areas.items()}, text.getvalue(), cumulative.getvalue()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", nargs="+", default=["unquantized", "ours-qwz", "upstream-qwz"])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    args = parser.parse_args()
+    topology = world.Topology(args.gpus_per_node * args.nodes, args.gpus_per_node)
+    plan = runner.Plan(model.SHAPES["gpt-1.4b"], topology, {"free": None}, tuple(args.configs), steps=args.steps)
+    world.install(topology.world_size, topology.gpus_per_node, "cuda")
+    world.set_link(None)
+    lines = [
+        f"# Host time per step, by configuration (cProfile; rank 0 of {topology.world_size}, GPT 1.4B, collectives "
+        f"free, {args.steps} steps each)", "", "Seconds per step of each area's own function time (the step waits "
+        "for the GPU inside `loss.item()`, counted under built-in / C).", "",
+        "| configuration | all | deepspeed_zeropp | deepspeed | torch (Python) | built-in / C | other |",
+        "|---|---|---|---|---|---|---|"
+    ]
+    details = []
+    engines = {}
+    try:
+        for key in args.configs:
+            engines[key], _ = runner._build_and_warm(key, plan)
+        for key in args.configs:
+            total, areas, own, cumulative = profile(key, engines[key], plan, 1000)
+            cells = " | ".join(f"{areas.get(a, 0.0) * 1e3:.0f} ms"
+                               for a in ("deepspeed_zeropp", "deepspeed", "torch (Python)", "built-in / C", "other"))
+            lines.append(f"| {runner.CONFIGS[key].label} | {total * 1e3:.0f} ms | {cells} |")
+            details += [f"## {runner.CONFIGS[key].label}", "", "```", own.strip(), "", cumulative.strip(), "```", ""]
+    finally:
+        runner.set_patch(None)
+        for engine in engines.values():
+            runner.release(engine)
+    args.out.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(lines + [""] + details) + "\n"
+    (args.out / "host_profile.md").write_text(text)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
