@@ -14,12 +14,10 @@ class QuantizerMethods:
     ``deepspeed_zeropp.patch`` sets."""
 
     def __init__(self):
-        """Why this seam: upstream's constructor loads the fp16-only CUDA op, which does not exist on CPU and
-        is not needed by our backends; only ``backend="deepspeed"`` loads it (lazily, on first use)."""
+        """Nothing to set up: only ``backend="deepspeed"`` needs DeepSpeed's op, and loads it on first use."""
 
     def quantize(self, param, groups=None):
-        """Why this seam: upstream reads every input as fp16 bits; ours quantizes each dtype natively and
-        picks a bounded group layout for any size (formats/grouping.py). Returns int8 codes and 1-D fp32 scales
+        """Quantize ``param`` in its own dtype, in a bounded group layout for any size. Returns int8 codes and 1-D fp32 scales
         (gloo-compatible), both views of one packet (formats/int8.py), so that a fetch can all-gather them at once
         (patching/seams/gathers.py)."""
         if quantize_is_deferred():
@@ -27,9 +25,9 @@ class QuantizerMethods:
         return ops.quantize_packed(param, groups, backend=backends.default())
 
     def dequantize(self, quantized_param, scale, dtype=None):
-        """Why this seam: upstream always returns fp16. An explicit ``dtype`` wins; otherwise the dtype the
-        enclosing patched gather site recorded from its parameters; otherwise fp16, as upstream. The site also
-        says how the gathered codes are laid out (one quantized block per rank)."""
+        """Dequantize to ``dtype``, else to the dtype the enclosing patched gather site recorded from its
+        parameters, else fp16. The site also says how the gathered codes are laid out (one quantized block per
+        rank)."""
         target = current_target()
         if target is None:
             return ops.dequantize(quantized_param, scale, dtype, backend=backends.default())

@@ -187,7 +187,7 @@ class Stop(Exception):
     pass
 
 
-@pytest.mark.parametrize("seam", ["QUANTIZE", "QUANT_REDUCE", "LOCO_QUANT_REDUCE"])
+@pytest.mark.parametrize("seam", ["quantizer_quantize", "quant_reduce", "loco_quant_reduce"])
 def test_entry_points_check_before_they_work(monkeypatch, seam):
     """A failing check stops each entry point before its implementation sees the (here unusable) arguments."""
 
@@ -211,7 +211,7 @@ def test_mixz_after_partitioning_checks_only_when_on(calls, monkeypatch):
 def test_quantize_seam_checks_then_quantizes(calls, monkeypatch):
     from deepspeed_zeropp.patching.quantizer import QuantizerMethods
     monkeypatch.setattr(agreement, "ensure", lambda: calls.append("ensure"))
-    method = replacements.QUANTIZE(None)
+    method = replacements.quantizer_quantize(None)
     codes, scales = method(QuantizerMethods(), torch.ones(64))
     assert calls == ["ensure"] and codes.dtype == torch.int8
 

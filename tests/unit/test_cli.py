@@ -30,7 +30,7 @@ def test_doctor_all_good(capsys):
 
 
 def test_doctor_shows_sites_this_release_lacks_as_not_applicable(monkeypatch, capsys):
-    absent = sites.Site("AllGatherHandle", "not_in_this_release", lambda original: original, "test", until="0.1.0")
+    absent = sites.Site("AllGatherHandle", "not_in_this_release", lambda original: original, until="0.1.0")
     monkeypatch.setattr("deepspeed_zeropp.patching.apply.SITES", sites.SITES + (absent, ))
     assert cli.main(["doctor"]) == 0
     out = capsys.readouterr().out
@@ -69,7 +69,7 @@ def test_doctor_leaves_deepspeed_as_it_found_it():
 
 
 def test_doctor_flags_a_missing_site(monkeypatch, capsys):
-    ghost = sites.Site("AllGatherHandle", "no_such_method", lambda original: original, "test")
+    ghost = sites.Site("AllGatherHandle", "no_such_method", lambda original: original)
     monkeypatch.setattr("deepspeed_zeropp.patching.apply.SITES", sites.SITES + (ghost, ))
     assert cli.main(["doctor"]) == 1
     out = capsys.readouterr().out

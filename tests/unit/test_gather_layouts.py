@@ -56,7 +56,7 @@ def test_single_gather_narrowed_to_the_parameter():
         def wait(self):
             param.data = QuantizerMethods().dequantize(codes, scales)
 
-    gathers.SINGLE_GATHER(Handle.wait)(Handle())
+    gathers.single_gather(Handle.wait)(Handle())
     assert param.dtype == torch.bfloat16 and torch.equal(param.data, expected[:full.numel()])
 
 
@@ -106,7 +106,7 @@ def test_bucket_gather(stored, secondary):
         out["flat"] = QuantizerMethods().dequantize(handle.quantization.quantized_param,
                                                     handle.quantization.scale_buffer)
 
-    gathers.BUCKET_GATHER(wait)(handle)
+    gathers.bucket_gather(wait)(handle)
     assert out["flat"].dtype == torch.bfloat16 and torch.equal(out["flat"], expected)
 
 

@@ -34,7 +34,7 @@ def test_released_nvme_partition_is_left_alone(last_rank):
     def partition_and_release(init, param, *args, **kwargs):
         param.ds_tensor.data = torch.tensor(1).half().data
 
-    partitions.partition_seam("ds_tensor")(partition_and_release)(init(quantized=True), param)
+    partitions.partition_param(partition_and_release)(init(quantized=True), param)
     assert param.ds_tensor.numel() == 1 and param.ds_tensor.item() == 1
 
 
@@ -43,7 +43,7 @@ def test_padding_zeroed_when_quantized_untouched_when_off(last_rank):
         values = torch.tensor([1.0, 2.0, 3.0, 4.0, float("nan")])
         param = zero_param(9, values.clone())
         calls = []
-        partitions.partition_seam("ds_tensor")(lambda *a, **k: calls.append(a))(init(quantized), param)
+        partitions.partition_param(lambda *a, **k: calls.append(a))(init(quantized), param)
         assert len(calls) == 1
         assert torch.equal(param.ds_tensor[:4], values[:4])
         assert param.ds_tensor[4].item() == 0 if quantized else param.ds_tensor[4].isnan()
@@ -62,9 +62,9 @@ def test_init_gathers_call_straight_through_when_nothing_is_quantized(monkeypatc
         return "result"
 
     fake_init = init(quantized=False)
-    assert gathers.INIT_GATHER_COALESCED(original)(fake_init, [param], 0, quantize=False) == "result"
-    assert gathers.INIT_GATHER_SEQUENTIAL(original)(fake_init, [param]) == "result"
-    assert gathers.INIT_GATHER_SINGLE(original)(fake_init, [param]) == "result"
+    assert gathers.init_gather_coalesced(original)(fake_init, [param], 0, quantize=False) == "result"
+    assert gathers.init_gather_sequential(original)(fake_init, [param]) == "result"
+    assert gathers.init_gather_single(original)(fake_init, [param]) == "result"
     assert len(calls) == 3
 
 
@@ -78,6 +78,6 @@ def test_init_coalesced_gather_splits_lists_only_when_quantizing(quantized):
         calls.append([id(p) for p in params])
 
     params = [zero_param(4, torch.zeros(2)) for _ in range(3)]
-    gathers.INIT_GATHER_COALESCED(original)(init(quantized), params)
+    gathers.init_gather_coalesced(original)(init(quantized), params)
     expected = [[id(p)] for p in params] if quantized else [[id(p) for p in params]]
     assert calls == expected

@@ -133,7 +133,7 @@ class _Sent:
 def fetch(monkeypatch):
     monkeypatch.setattr(gathers, "_readers_patched", lambda: True)
     sent = _Sent()
-    return sent, gathers.FETCH_ALLGATHER(sent)
+    return sent, gathers.fetch_allgather(sent)
 
 
 def test_fetch_sends_one_packet(fetch):
@@ -197,7 +197,7 @@ def test_a_sent_packet_is_freed_without_the_garbage_collector(monkeypatch):
             super().__init__()
             self.sent = sent
 
-    seam = gathers.FETCH_ALLGATHER(lambda input_tensor, output_tensor, group=None: Holding(input_tensor))
+    seam = gathers.fetch_allgather(lambda input_tensor, output_tensor, group=None: Holding(input_tensor))
     gc.disable()
     try:
         codes, scales = ops.quantize_packed(torch.randn(1000), backend="torch")

@@ -51,7 +51,7 @@ def test_idempotent_and_exactly_undone(pp):
 
 def test_strict_names_missing_site_and_version(pp, monkeypatch):
     import deepspeed
-    ghost = sites.Site("AllGatherHandle", "no_such_method", lambda original: original, "test")
+    ghost = sites.Site("AllGatherHandle", "no_such_method", lambda original: original)
     monkeypatch.setattr("deepspeed_zeropp.patching.apply.SITES", sites.SITES + (ghost, ))
     with pytest.raises(PatchError, match=rf"AllGatherHandle\.no_such_method.*DeepSpeed {deepspeed.__version__}"):
         deepspeed_zeropp.patch(strict=True)
@@ -94,7 +94,7 @@ def test_lean_import():
 
 
 def _broken_site(name="no_such_method"):
-    return sites.Site("AllGatherHandle", name, lambda original: original, "test")
+    return sites.Site("AllGatherHandle", name, lambda original: original)
 
 
 def test_failed_patch_changes_nothing(pp, monkeypatch):
@@ -106,7 +106,7 @@ def test_failed_patch_changes_nothing(pp, monkeypatch):
     def explode(original):
         raise RuntimeError("factory failed")
 
-    for extra in (_broken_site(), sites.Site("AllGatherHandle", "__init__", explode, "test")):
+    for extra in (_broken_site(), sites.Site("AllGatherHandle", "__init__", explode)):
         monkeypatch.setattr("deepspeed_zeropp.patching.apply.SITES", sites.SITES + (extra, ))
         with pytest.raises((PatchError, RuntimeError)):
             deepspeed_zeropp.patch(backend="torch")

@@ -1,4 +1,5 @@
-"""Wrappers installed at DeepSpeed's sites, by concern; each site's row in ``patching/sites.py`` says why that seam.
+"""Wrappers installed at DeepSpeed's sites, by concern; each seam factory's docstring says why that seam (the site
+table in ``patching/sites.py`` and the installed wrapper read it).
 
 - :mod:`.common`: marking wrappers, a parameter's own dtype, the dtype-scoped gather mechanism.
 - :mod:`.gathers`: all-gather and NoGather handles, Init's synchronous gathers.

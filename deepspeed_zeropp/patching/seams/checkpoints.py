@@ -6,7 +6,11 @@ from .common import own_dtype, stored_quantized
 
 
 def frozen_fragment(original):
-    """Seam factory for ``DeepSpeedEngine._get_param_fragment_func``: a MixZ++ weight's fragment in the model
+    """Why this seam: save_checkpoint stores each frozen parameter's partition as its fragment in the model states
+    file, which zero_to_fp32 concatenates; for MixZ++ that is int8 codes without their scales. This method hands
+    over one parameter's fragment, so the dequantized partition can take its place.
+
+    Seam factory for ``DeepSpeedEngine._get_param_fragment_func``: a MixZ++ weight's fragment in the model
     states file is its dequantized partition in its own dtype, what zero_to_fp32 and a forward read. Its codes
     and scales ride along as attributes (``ds_zeropp_codes``, ``ds_zeropp_scale``; pickled with the tensor,
     dropped by zero_to_fp32's concatenation) so that loading restores them exactly."""
@@ -35,7 +39,11 @@ def _restored_partition(partition, saved):
 
 
 def load_frozen_fragments(original):
-    """Seam factory for ``DeepSpeedEngine.load_module_state_dict``: upstream copies each saved frozen fragment
+    """Why this seam: load_checkpoint copies the saved frozen fragments into the partitions here, floats into MixZ++'s
+    int8 codes; the wrapper sees the checkpoint and every parameter, so it rebuilds those partitions from what was
+    saved.
+
+    Seam factory for ``DeepSpeedEngine.load_module_state_dict``: upstream copies each saved frozen fragment
     into ``param.ds_tensor``, which for a MixZ++ weight is int8 (floats truncated to 0 or +-1). Afterwards every
     MixZ++ partition whose float fragment was loaded is rebuilt from the checkpoint."""
 

@@ -46,8 +46,8 @@ def stored_quantized(partition):
 
 
 def mark(wrapper, original, why):
-    """Tag ``wrapper`` as ours: marker attribute, ``__wrapped__``, the original's name, and a docstring that
-    says why this seam."""
+    """Tag ``wrapper`` as ours: marker attribute, ``__wrapped__``, the original's name, and its seam factory's
+    docstring, which says why this seam."""
     setattr(wrapper, MARKER, True)
     wrapper.__wrapped__ = original
     wrapper.__doc__ = why
@@ -57,8 +57,8 @@ def mark(wrapper, original, why):
     return wrapper
 
 
-def replace_with(impl):
-    """Seam factory for methods whose whole job we do ourselves (the quantizer's methods)."""
+def replace_with(impl, why):
+    """Seam factory for methods whose whole job we do ourselves (the quantizer's methods); ``why``: its docstring."""
 
     def factory(original):
 
@@ -67,15 +67,16 @@ def replace_with(impl):
 
         return method
 
+    factory.__doc__ = why
     return factory
 
 
-def dtype_scoped(params_of, quantized, layout_of=lambda *a, **k: {}):
+def dtype_scoped(params_of, quantized, layout_of=lambda *a, **k: {}, *, why=None):
     """Seam factory for gather sites: run the original under a dequantize target built from its parameters.
 
     ``params_of(*args, **kwargs)`` names the parameters the call hands back; ``quantized`` says whether the
     call dequantizes at all (otherwise it runs untouched); ``layout_of`` gives the gathered codes' layout as
-    ``dequant_target`` keywords (``block_numel`` or ``blocks``)."""
+    ``dequant_target`` keywords (``block_numel`` or ``blocks``); ``why``: the factory's docstring."""
 
     def factory(original):
 
@@ -91,6 +92,7 @@ def dtype_scoped(params_of, quantized, layout_of=lambda *a, **k: {}):
 
         return wrapper
 
+    factory.__doc__ = why
     return factory
 
 

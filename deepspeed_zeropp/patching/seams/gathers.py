@@ -34,8 +34,13 @@ def _single_layout(handle, *args, **kwargs):
     return {"block_numel": _partition_numel(secondary if secondary is not None else param.ds_tensor)}
 
 
-SINGLE_GATHER = dtype_scoped(lambda handle, *a, **k: [handle._AllGatherHandle__param],
-                             lambda handle, *a, **k: _single_quantization(handle) is not None, _single_layout)
+single_gather = dtype_scoped(lambda handle, *a, **k: [handle._AllGatherHandle__param],
+                             lambda handle, *a, **k: _single_quantization(handle) is not None,
+                             _single_layout,
+                             why=("Why this seam: AllGatherHandle.wait dequantizes one gathered parameter; before "
+                                  "0.19.6 without a dtype (fp16 back), and for padded partitions with the wrong "
+                                  "scale-to-element mapping. Wrapping wait reaches the handle after the all-gather, "
+                                  "where the parameter and its gathered buffer are both known."))
 
 # --- AllGatherCoalescedHandle.wait: a bucket ------------------------------------------------------------------
 
@@ -69,8 +74,12 @@ def _float_partition_views(params, dtypes):
             param.ds_tensor = partition
 
 
-def BUCKET_GATHER(original):
-    """Seam factory for ``AllGatherCoalescedHandle.wait``: the common dequantize target of dtype_scoped. Each rank
+def bucket_gather(original):
+    """Why this seam: AllGatherCoalescedHandle.wait dequantizes a whole bucket, possibly of mixed dtypes, without a
+    dtype on every release (slices stay fp16 before 0.17.2). Dequantizing in the bucket's common dtype (fp32 when
+    mixed) and casting each slice once keeps every dtype and its precision.
+
+    Seam factory for ``AllGatherCoalescedHandle.wait``: the common dequantize target of dtype_scoped. Each rank
     quantized the concatenation of its partitions of the bucket, one block per rank; a bucket of stored MixZ++ codes
     instead has one block per partition and rank, and float views of those partitions."""
 
@@ -147,8 +156,14 @@ def _alias(unused, received):
         unused.set_(received.untyped_storage(), 0, unused.shape, unused.stride())
 
 
-def FETCH_ALLGATHER(original):
-    """Seam factory for ``partition_parameters._dist_allgather_fn``: the all-gather that a fetch closure calls for
+def fetch_allgather(original):
+    """Why this seam: every fetch closure (bucket, single parameter, hpZ secondary) sends a quantized fetch as two
+    all-gathers through this function, the codes and then the scales: twice the collectives of an unquantized
+    fetch. Our quantizer returns both as views of one packet per rank and our handle seams read packets, so the
+    codes' call sends the whole packet and the scales' call sends nothing. The closures are local functions; this
+    module-level function is what they all call by name.
+
+    Seam factory for ``partition_parameters._dist_allgather_fn``: the all-gather that a fetch closure calls for
     its codes and then for its scales. The patched quantizer returns both as views of one packet; when the codes of
     a packet come here, the whole packet is all-gathered (into a new buffer of a packet per rank) and the
     ``PacketGather`` handle is returned, also for the scales that follow, which then send nothing; upstream's
@@ -189,10 +204,14 @@ def _any_stored_quantized(params):
     return any(stored_quantized(p.ds_tensor) for p in params)
 
 
-NO_GATHER = dtype_scoped(lambda handle, param, *a, **k: [param],
-                         lambda handle, param, *a, **k: stored_quantized(param.ds_tensor))
-NO_GATHER_COALESCED = dtype_scoped(lambda handle, params, *a, **k: list(params),
-                                   lambda handle, params, *a, **k: _any_stored_quantized(params))
+no_gather = dtype_scoped(lambda handle, param, *a, **k: [param],
+                         lambda handle, param, *a, **k: stored_quantized(param.ds_tensor),
+                         why=("Why this seam: NoGatherHandle.__init__ dequantizes a stored int8 (MixZ++) partition "
+                              "when the partition group has one rank; before 0.19.6 it hands back fp16."))
+no_gather_coalesced = dtype_scoped(lambda handle, params, *a, **k: list(params),
+                                   lambda handle, params, *a, **k: _any_stored_quantized(params),
+                                   why="Why this seam: NoGatherCoalescedHandle.__init__, as NoGatherHandle.__init__, "
+                                   "for a list of parameters.")
 
 
 def _init_layout(init, params, *args, **kwargs):
@@ -205,8 +224,12 @@ def _init_coalesced_quantized(init, params, hierarchy=0, quantize=False):
     return bool(quantize) and len(params) > 0
 
 
-def INIT_GATHER_COALESCED(original):
-    """Seam factory for ``Init._allgather_params_coalesced``, told by its caller whether the list is quantized:
+def init_gather_coalesced(original):
+    """Why this seam: Init's own coalesced all-gather (GatheredParameters with hierarchy) dequantizes each parameter
+    without a dtype before 0.19.6, and up to 0.19.5 reads every buffer of its list after waiting on the last all-
+    gather only; the wrapper knows the list of parameters it fills.
+
+    Seam factory for ``Init._allgather_params_coalesced``, told by its caller whether the list is quantized:
     the common dequantize target of dtype_scoped. When the Init quantizes weights (qwZ or MixZ++), a list is
     gathered one parameter per call: up to 0.19.5 the method waits on its last parameter's all-gather only
     before reading every buffer, and gloo completes the others in any order, so their values or codes may still be
@@ -226,12 +249,18 @@ def INIT_GATHER_COALESCED(original):
 
 
 # Init's sequential gather dequantizes exactly the parameters whose partitions are stored as MixZ++ codes.
-INIT_GATHER_SEQUENTIAL = dtype_scoped(lambda init, params, *a, **k: params,
-                                      lambda init, params, *a, **k: _any_stored_quantized(params), _init_layout)
+init_gather_sequential = dtype_scoped(lambda init, params, *a, **k: params,
+                                      lambda init, params, *a, **k: _any_stored_quantized(params),
+                                      _init_layout,
+                                      why="Why this seam: Init's sequential all-gather (the 0.18.5+ name of "
+                                      "_allgather_params).")
 
 
-def INIT_GATHER_SINGLE(original):
-    """``Init._allgather_params`` (<= 0.18.4): its quantized branch tests the parameter instead of its partition
+def init_gather_single(original):
+    """Why this seam: Init's sequential all-gather dequantizes without a dtype, and its quantized branch never fires
+    (it looks for ds_quant_scale on the parameter, not its partition); renamed in 0.18.5.
+
+    ``Init._allgather_params`` (<= 0.18.4): its quantized branch tests the parameter instead of its partition
     for ``ds_quant_scale``, so MixZ++ codes come back undequantized. Quantized lists go to Init's coalesced
     gather, which handles them; everything else runs the original (which then dequantizes nothing)."""
 

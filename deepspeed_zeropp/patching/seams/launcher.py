@@ -12,7 +12,14 @@ from ... import _env
 
 
 def forward_variables(original):
-    """Seam factory for ``MultiNodeRunner.__init__``: after the runner is set up (its exports empty), export the
+    """Why this seam: DeepSpeed's multi-node launcher (deepspeed --hostfile) starts the other nodes' ranks through a
+    runner (pdsh, OpenMPI, MVAPICH, Slurm, Intel MPI, MPICH) that forwards only the variables with its export
+    prefixes and the lines of .deepspeed_env, so DEEPSPEED_ZEROPP=1 would patch the launching node's ranks alone.
+    Every runner sets up its exports in this base constructor, and every runner's command is built from them: the
+    wrapper adds the DEEPSPEED_ZEROPP* variables of the launcher's environment there, before the launcher's own
+    exports and .deepspeed_env (a value given there wins).
+
+    Seam factory for ``MultiNodeRunner.__init__``: after the runner is set up (its exports empty), export the
     patch's variables from the launcher's environment through the runner's own ``add_export``, so every runner
     writes them in its command its own way. The launcher adds its own exports and ``.deepspeed_env``'s lines
     afterwards, so a value given there wins."""

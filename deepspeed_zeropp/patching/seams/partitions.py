@@ -63,12 +63,12 @@ def _has_been_updated(args, kwargs):
     return kwargs.get("has_been_updated", len(args) > 1 and args[1])
 
 
-def partition_seam(attr):
+def partition_seam(attr, why):
     """Seam factory for ``Init._partition_param`` (attr ``ds_tensor``) and ``_partition_param_sec``
     (``ds_secondary_tensor``). MixZ++: upstream quantizes the freshly allocated, still empty buffer and then copies
     the float values into the int8 result, so quantization is deferred until the partition holds its values; a
     partition rewritten from updated data is re-quantized from the written values. And padding is zeroed, so
-    that it never takes part in a quantization group's absmax."""
+    that it never takes part in a quantization group's absmax. ``why``: the factory's docstring."""
 
     def factory(original):
 
@@ -93,11 +93,28 @@ def partition_seam(attr):
 
         return wrapper
 
+    factory.__doc__ = why
     return factory
 
 
+partition_param = partition_seam("ds_tensor",
+                                 why="Why this seam: with MixZ++, _partition_param quantizes the freshly allocated "
+                                 "(empty) partition and then copies the float values into the int8 result: frozen"
+                                 " weights become garbage. Quantization is deferred until the partition holds its"
+                                 " values. It also leaves the last rank's padding uninitialised, which qwZ then "
+                                 "quantizes along with real values: the padding is zeroed.")
+partition_param_sec = partition_seam("ds_secondary_tensor",
+                                     why="Why this seam: the hpZ secondary partition has the same "
+                                     "quantize-before-copy defect as _partition_param (and, before 0.19.8, the "
+                                     "same uninitialised padding).")
+
+
 def engine_padding(original):
-    """Seam factory for ``DeepSpeedZeRoOffload._convert_to_zero_parameters``: a model built under a bare
+    """Why this seam: a model built under zero.Init() without a config was partitioned by an Init that knew of no
+    quantization, leaving the last rank's padding uninitialised; the engine's config may still turn qwZ on for
+    every gather. This is the first engine step that knows the flags and sees every partition.
+
+    Seam factory for ``DeepSpeedZeRoOffload._convert_to_zero_parameters``: a model built under a bare
     ``zero.Init()`` was partitioned by an Init without quantization flags (so the partition seams left it alone),
     yet the engine's config may turn qwZ or MixZ++ on for its gathers. Once the engine knows, the padding of every
     partition is zeroed, as the partition seams do when Init knows."""
@@ -115,7 +132,11 @@ def engine_padding(original):
 
 
 def nontrainable_seam(original):
-    """Seam factory for ``quantize_nontrainable_params``: with MixZ++ off, upstream's own method runs (it only
+    """Why this seam: upstream asserts that frozen partitions are fp16 before quantizing them, so MixZ++ after
+    freezing (LoRA) is impossible in bf16/fp32; the whole body is that assert plus the quantization, so it is
+    reimplemented on our quantizer (with MixZ++ off, upstream's method runs).
+
+    Seam factory for ``quantize_nontrainable_params``: with MixZ++ off, upstream's own method runs (it only
     warns and returns); with it on, our dtype-keeping reimplementation."""
 
     def wrapper(optimizer, *args, **kwargs):
