@@ -76,7 +76,7 @@ def all_to_all_loco_quant_reduce(params, groups, loco_param=None):
     (tensors qgZ sends unquantized, see ``qgz.quantizes``, have no buffers)."""
     beta, keep, reset_t = parse_loco_param(loco_param)
     topology = qgz.topology()
-    world, local_size = topology[:2]
+    world, local_size = topology.world, topology.local_size
     gradients = [p.grad for p in params]
     feedbacks = []
     for param, gradient in zip(params, gradients):

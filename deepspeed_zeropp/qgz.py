@@ -22,6 +22,7 @@ tensor's dtype. Both paths return this rank's chunk: ``ceil(numel / world)`` val
 last ranks, as ``reduce_scatter_coalesced``.
 """
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -92,7 +93,7 @@ def _encode(gradient, topology, padded_chunk, feedback=None):
     """The blocks ``gradient`` sends in qgZ's first all-to-all; ``feedback`` (LoCo): None, or the error feedback of
     the first and of the second quantization (``int4.Feedback``; the second is None with one rank per node, where
     the gradient is quantized once)."""
-    world, local_size, nodes = topology[:3]
+    world, local_size, nodes = topology.world, topology.local_size, topology.nodes
     flat = gradient.reshape(-1).contiguous()
     first = feedback[0] if feedback else None
     # One rank per node: block d (chunk d) goes straight to node d. Otherwise local peer j gets row m = chunk
@@ -117,7 +118,7 @@ def _exchange(blocks, group):
 def _reduce_scatter_batch(gradients, padded, feedbacks, topology, groups):
     """This rank's mean-reduced chunk of each gradient (``padded``: each one's padded chunk) through the 4-bit
     stages, every stage's all-to-all shared by the whole batch."""
-    world, local_size, nodes, rank, factor = topology
+    world, local_size, nodes, rank = topology.world, topology.local_size, topology.nodes, topology.rank
     node, local = divmod(rank, local_size)
     codec = _codec(gradients[0].device)
     blocks = [_encode(g, topology, p, f) for g, p, f in zip(gradients, padded, feedbacks)]
@@ -131,7 +132,10 @@ def _reduce_scatter_batch(gradients, padded, feedbacks, topology, groups):
     # Across nodes (ranks with the same local index): node m gets the node sums of its chunk.
     received = _exchange(blocks, groups[f"global_{local}"])
     mine = [_partition(g.numel(), world, rank)[1] for g in gradients]
-    return [codec.qgz_decode_sum(r, p, m, factor, g.dtype) for r, p, m, g in zip(received, padded, mine, gradients)]
+    return [
+        codec.qgz_decode_sum(r, p, m, topology.factor, g.dtype)
+        for r, p, m, g in zip(received, padded, mine, gradients)
+    ]
 
 
 def _batches(sizes, limit):
@@ -154,7 +158,7 @@ def sent_bytes(padded_chunk, world):
 
 def _reduce_scatter_quantized(gradients, feedbacks, topology, groups):
     """:func:`_reduce_scatter_batch` over batches of at most ``BATCH_BYTES`` sent per rank."""
-    world = topology[0]
+    world = topology.world
     padded = [padded_chunk_of(g.numel(), world) for g in gradients]
     results = []
     for batch in _batches([sent_bytes(p, world) for p in padded], BATCH_BYTES):
@@ -163,13 +167,22 @@ def _reduce_scatter_quantized(gradients, feedbacks, topology, groups):
     return results
 
 
+class Topology(NamedTuple):
+    """Where this rank stands in the job, as qgZ's two stages see it."""
+    world: int
+    local_size: int  # ranks per node
+    nodes: int
+    rank: int
+    factor: float  # the mean's factor, 1 / world, as an fp32 value for both codecs
+
+
 def topology():
-    """(world, ranks per node, nodes, rank, the mean's factor as an fp32 value) of the current process group."""
+    """The :class:`Topology` of the current process group."""
     from deepspeed import comm as dist
     from deepspeed.accelerator import get_accelerator
     world, local_size = dist.get_world_size(), get_accelerator().device_count()
     factor = float(torch.tensor(1.0 / world, dtype=torch.float32))  # the mean, as an fp32 value for both codecs
-    return world, local_size, world // local_size, dist.get_rank(), factor
+    return Topology(world, local_size, world // local_size, dist.get_rank(), factor)
 
 
 def padded_chunk_of(numel, world):
@@ -180,7 +193,7 @@ def padded_chunk_of(numel, world):
 def reduce_scatter(tensors, groups, topology, feedbacks=None):
     """This rank's mean-reduced partition of every tensor (4-bit or unquantized: see :func:`quantizes`);
     ``feedbacks``: None, or one entry per tensor for :func:`_encode` (ignored for unquantized ones)."""
-    world, _, _, rank, factor = topology
+    world, rank, factor = topology.world, topology.rank, topology.factor
     feedbacks = feedbacks or [None] * len(tensors)
     four_bit = [i for i, t in enumerate(tensors) if quantizes(t, world)]
     plain = [i for i, t in enumerate(tensors) if not quantizes(t, world)]

@@ -98,7 +98,7 @@ def qgz_batches(job):
     run, device = job.run, get_accelerator().current_device_name()
     all_to_all_groups = groups._get_local_all_to_all_group()
     topology = qgz.topology()
-    world, local_size = topology[:2]
+    world, local_size = topology.world, topology.local_size
     generator = torch.Generator().manual_seed(1000 + job.rank)
     gradients = [
         torch.randn(shape, generator=generator).to(DTYPES[name]).to(device) for name, shape in run["qgz_batches"]
