@@ -33,14 +33,12 @@ from .launch import instrument_names
 
 
 def ds_config(run, dtype, batch_size=4):
-    zero = {
-        "stage": 3,
-        "stage3_param_persistence_threshold": 0,  # every parameter is gathered, so every one is quantized
-        # DeepSpeed's default (5e8 elements) is far larger than these models; a run may set its own
-        "reduce_bucket_size": run.get("reduce_bucket_size", 2**22),
-        "zero_quantized_weights": run.get("quantized", False),
-        "zero_quantized_nontrainable_weights": run.get("quantized_nontrainable", False),
-    }
+    """The demo's config (ZeRO-3, every parameter gathered) with the run's options."""
+    config = demo_worker.ds_config(run.get("quantized", False), dtype, batch_size)
+    zero = config["zero_optimization"]
+    # DeepSpeed's default (5e8 elements) is far larger than these models; a run may set its own
+    zero["reduce_bucket_size"] = run.get("reduce_bucket_size", zero["reduce_bucket_size"])
+    zero["zero_quantized_nontrainable_weights"] = run.get("quantized_nontrainable", False)
     if run.get("sequential"):
         zero["stage3_allgather_sequential"] = True
     if run.get("checkpoint"):
@@ -61,20 +59,6 @@ def ds_config(run, dtype, batch_size=4):
             zero["offload_param"]["nvme_path"] = run["nvme_path"]
     if run.get("offload_optimizer"):
         zero["offload_optimizer"] = {"device": run["offload_optimizer"]}
-    config = {
-        "train_micro_batch_size_per_gpu": batch_size,
-        "gradient_accumulation_steps": 1,
-        "zero_optimization": zero,
-        "bf16": {
-            "enabled": dtype == torch.bfloat16
-        },
-        "fp16": {
-            "enabled": dtype == torch.float16
-        },
-        "zero_allow_untested_optimizer": True,
-        "zero_force_ds_cpu_optimizer": False,  # the harness's torch AdamW, also with the optimizer offloaded
-        "steps_per_print": 10**9,
-    }
     if run.get("warmup"):  # [peak lr, steps]: linear warm-up, then constant
         peak, steps = run["warmup"]
         config["scheduler"] = {

@@ -95,7 +95,7 @@ def ds_config(quantized, dtype, batch_size=4):
             "enabled": dtype == torch.float16
         },
         "zero_allow_untested_optimizer": True,
-        "zero_force_ds_cpu_optimizer": False,  # a torch AdamW
+        "zero_force_ds_cpu_optimizer": False,  # a torch AdamW, also with the optimizer offloaded (the harness)
         "steps_per_print": 10**9,
     }
 
