@@ -14,6 +14,18 @@ def zero_param(ds_numel, partition):
     return param
 
 
+def partitioning(partition, calls=None):
+    """A stand-in for DeepSpeed's ``_partition_param`` on a parameter not partitioned yet: it writes ``partition``."""
+
+    def original(init, param, *args, **kwargs):
+        if calls is not None:
+            calls.append(args)
+        param.ds_tensor = partition
+        partition.ds_numel = partition.numel()
+
+    return original
+
+
 def init(quantized):
     return types.SimpleNamespace(quantized_weights=quantized,
                                  quantized_nontrainable_weights=False,
@@ -30,8 +42,10 @@ def test_released_nvme_partition_is_left_alone(last_rank):
     """DeepSpeed releases an NVMe-offloaded partition by pointing ``ds_tensor.data`` at a one-element fp16
     buffer; the padding cannot be (and need not be) zeroed then."""
     param = zero_param(9, torch.full((5, ), float("nan"), dtype=torch.bfloat16))
+    param.ds_tensor = None
 
     def partition_and_release(init, param, *args, **kwargs):
+        partitioning(torch.full((5, ), float("nan"), dtype=torch.bfloat16))(init, param)
         param.ds_tensor.data = torch.tensor(1).half().data
 
     partitions.partition_param(partition_and_release)(init(quantized=True), param)
@@ -39,14 +53,30 @@ def test_released_nvme_partition_is_left_alone(last_rank):
 
 
 def test_padding_zeroed_when_quantized_untouched_when_off(last_rank):
+    """Where DeepSpeed writes a partition: the first partitioning, and a rewrite (``has_been_updated``)."""
     for quantized in (True, False):
-        values = torch.tensor([1.0, 2.0, 3.0, 4.0, float("nan")])
-        param = zero_param(9, values.clone())
-        calls = []
-        partitions.partition_param(lambda *a, **k: calls.append(a))(init(quantized), param)
-        assert len(calls) == 1
-        assert torch.equal(param.ds_tensor[:4], values[:4])
-        assert param.ds_tensor[4].item() == 0 if quantized else param.ds_tensor[4].isnan()
+        for updated in (False, True):
+            values = torch.tensor([1.0, 2.0, 3.0, 4.0, float("nan")])
+            param = zero_param(9, torch.zeros(5))
+            if not updated:
+                param.ds_tensor = None
+            calls = []
+            partitions.partition_param(partitioning(values.clone(), calls))(init(quantized), param, None, updated)
+            assert len(calls) == 1
+            assert torch.equal(param.ds_tensor[:4], values[:4])
+            assert param.ds_tensor[4].item() == 0 if quantized else param.ds_tensor[4].isnan()
+
+
+def test_release_after_a_fetch_calls_straight_through(monkeypatch):
+    """A partition that exists and is not rewritten (every release of gathered weights): DeepSpeed's method alone,
+    no rank lookup, no zeroing."""
+    monkeypatch.setattr(partitions, "_partition_rank", lambda *a: pytest.fail("rank looked up"))
+    monkeypatch.setattr(partitions, "_zero_padding", lambda *a: pytest.fail("padding zeroed"))
+    param = zero_param(9, torch.tensor([1.0, 2.0, 3.0, 4.0, float("nan")]))
+    calls = []
+    partitions.partition_param(lambda *a, **k: calls.append(a))(init(quantized=True), param)
+    partitions.partition_param(lambda *a, **k: calls.append(a))(init(quantized=True), param, has_been_updated=False)
+    assert len(calls) == 2 and param.ds_tensor[4].isnan()
 
 
 def test_init_gathers_call_straight_through_when_nothing_is_quantized(monkeypatch):

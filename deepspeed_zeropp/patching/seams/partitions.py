@@ -73,7 +73,10 @@ def partition_seam(attr, why):
     def factory(original):
 
         def wrapper(init, param, *args, **kwargs):
-            if not weights_quantized(init):
+            # A partition that exists and is not being rewritten is left as it is (ZeRO-3 only frees the gathered
+            # weights): nothing to defer, stand in for or zero. This is the call of every release after a fetch.
+            if not weights_quantized(init) or (getattr(param, attr, None) is not None
+                                               and not _has_been_updated(args, kwargs)):
                 return original(init, param, *args, **kwargs)
             fresh = (getattr(param, attr, None) is None and not param.requires_grad
                      and getattr(init, "quantized_nontrainable_weights", False))
