@@ -141,7 +141,7 @@ def update_readme(table):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--versions", nargs="*", default=None)
+    parser.add_argument("--versions", nargs="*", default=None, help="releases to run (default: versions.txt)")
     parser.add_argument("--no-readme", action="store_true", help="write support_table.md only")
     parser.add_argument("--report-only", action="store_true", help="tabulate the last runs' results, run nothing")
     parser.add_argument("--installed-junit",
