@@ -28,7 +28,8 @@ class Backend(Protocol):
     ``quantize_into(x, groups, group_size, codes, scales)`` writes ``quantize``'s results into the packet's views,
     and ``dequantize_ranks(codes, scales, group_size, dtype)`` dequantizes per-rank blocks read in place from a
     gathered buffer (``codes`` [k, n] and ``scales`` [k, G], strided views) into a new [k, n] tensor. Without them
-    ``ops`` copies into and out of the packets around ``quantize`` / ``dequantize`` (same values, more copies)."""
+    ``ops`` copies into and out of the packets around ``quantize`` / ``dequantize`` (same values, more copies;
+    ``torch_ref`` and ``cuda`` offer both)."""
 
     NAME: str
     SERVES_QGZ: bool
