@@ -3,7 +3,7 @@
 The op only reads and writes fp16, so values are converted to fp16 on the way in and the fp16 result is
 converted to the requested dtype on the way out (what DeepSpeed does from 0.19.6). This detour loses range and
 precision for bf16/fp32; the native backends do not take it. The op only knows equal groups: layouts with a short
-last group (sizes where DeepSpeed's own heuristic asserts, see grouping.py) go to the native backend instead.
+last group (sizes where DeepSpeed's own heuristic asserts, see formats/grouping.py) go to the native backend instead.
 
 DeepSpeed's op has no qgZ codec that keeps dtypes, so this backend does not serve qgZ (``SERVES_QGZ``): the registry
 hands qgZ to ``auto`` (backends/__init__.py, ``qgz_backend_name``).

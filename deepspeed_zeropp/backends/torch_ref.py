@@ -3,7 +3,7 @@
 Every number follows the wire formats (docs/numerics.md, ``formats/``) literally so that the other backends can be
 tested against it. int8 weights: absmax per group in the input dtype, multiplier 128/absmax in fp32, codes rounded
 half-to-even and clamped to [-128, 127], stored scale 1/multiplier, dequantization in fp32 rounded once to the
-requested dtype; group layouts: grouping.py. qgZ: the three steps of ``formats/int4.py`` on its per-group codec.
+requested dtype; group layouts: formats/grouping.py. qgZ: the three steps of ``formats/int4.py`` on its per-group codec.
 """
 import torch
 
