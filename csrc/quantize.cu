@@ -1,4 +1,4 @@
-// Symmetric int8 quantization of contiguous groups; the last group may be shorter (deepspeed_zeropp/formats/grouping.py).
+// Symmetric int8 quantization of contiguous groups; the last group may be shorter (formats/grouping.py).
 //
 // Groups of up to 4 packets per lane of a warp (1024 16-bit or 512 32-bit elements) take one warp each; larger
 // groups one thread block each (DeepSpeed's usual 2048- and 4096-element groups among them). Either way a group is
