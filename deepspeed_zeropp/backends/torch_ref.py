@@ -46,9 +46,9 @@ def quantize_into(x, groups, group_size, codes, scales):
 
 def dequantize(codes, scales, group_size, dtype, block_numel=None):
     """Dequantize contiguous ``codes`` (read flat; the result has their shape) with per-group ``scales`` into
-    ``dtype``. Groups of ``group_size``: element i is in group i // group_size (codes may be a prefix of len(scales) * group_size); with ``block_numel`` n, the codes
-    are blocks of n elements, each in ceil(n / group_size) groups with a short last one: group
-    (i // n) * ceil(n / group_size) + (i % n) // group_size."""
+    ``dtype``. Groups of ``group_size``: element i is in group i // group_size (codes may be a prefix of
+    len(scales) * group_size); with ``block_numel`` n, the codes are blocks of n elements, each in ceil(n /
+    group_size) groups with a short last one: group (i // n) * ceil(n / group_size) + (i % n) // group_size."""
     shape, codes, scales = codes.shape, codes.reshape(-1), scales.reshape(-1)
     numel = codes.numel()
     if block_numel is None and numel == scales.numel() * group_size:
