@@ -62,7 +62,10 @@ def profile(key, engine, plan, first):
     pstats.Stats(profiler, stream=cumulative).sort_stats("cumulative").print_stats(TOP)
     pstats.Stats(profiler, stream=cumulative).sort_stats("cumulative").print_stats("deepspeed_zeropp/(?!simulate)",
                                                                                    TOP)
-    return total / plan.steps, {k: v / plan.steps for k, v in areas.items()}, text.getvalue(), cumulative.getvalue()
+    own, under = text.getvalue(), cumulative.getvalue()
+    for _, folder in folders:  # file names from the package's folder on, not the machine's paths
+        own, under = (t.replace(str(folder.parent) + "/", "") for t in (own, under))
+    return total / plan.steps, {k: v / plan.steps for k, v in areas.items()}, own, under
 
 
 def main():
