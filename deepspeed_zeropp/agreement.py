@@ -47,7 +47,7 @@ class Answer(NamedTuple):
     wire: int  # formats.WIRE_FORMAT_VERSION
     backend: str
     family: str
-    packets: bool = True  # quantized fetches as one packet per rank (patching/seams/gathers.sends_packets)
+    packets: bool = True  # quantized fetches as one packet per rank (the fetch seam and its readers patched)
 
     @property
     def token(self):
@@ -72,22 +72,24 @@ def timeout():
     return _env.agreement_timeout(TIMEOUT)
 
 
-def own_answer():
+def own_answer(packets):
+    """This rank's :class:`Answer`; ``packets``: whether it sends quantized fetches as packets."""
     import deepspeed
     backend = backends.default()
-    from .patching.seams.gathers import sends_packets
     return Answer(socket.gethostname(), __version__, deepspeed.__version__, formats.WIRE_FORMAT_VERSION, backend,
-                  backends.family(backend), sends_packets())
+                  backends.family(backend), packets)
 
 
-def ensure():
+def ensure(sends_packets):
     """Return once every rank of the default process group runs the patch with this rank's wire format and backend
     family; raise :class:`AgreementError` otherwise. Nothing to check without torch.distributed or with one rank.
     Checked once per process and backend: on the hot path (every quantize) only the backend name is compared, so a
-    process group set up again in the same process (after ``destroy_process_group``) is not checked again."""
+    process group set up again in the same process (after ``destroy_process_group``) is not checked again.
+    ``sends_packets``: a function answering whether this process sends quantized fetches as packets, called only
+    when the check runs (the patch knows what it installed; this module, above it, does not ask)."""
     if _agreed == backends.default():
         return
-    _check()
+    _check(sends_packets)
 
 
 def _store():
@@ -95,7 +97,7 @@ def _store():
     return distributed_c10d._get_default_store()
 
 
-def _check():
+def _check(sends_packets):
     global _agreed, _round
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_initialized():
@@ -105,7 +107,7 @@ def _check():
     if world > 1:
         prefix = f"{KEY}/{_round}"
         _round += 1  # also after a failed round: a later check never meets this round's keys
-        exchange(_store(), rank, world, own_answer(), timeout(), prefix)
+        exchange(_store(), rank, world, own_answer(sends_packets()), timeout(), prefix)
     _agreed = backend
 
 

@@ -35,7 +35,7 @@ from .formats.int4 import GROUP, block_bytes
 BATCH_BYTES = 64 << 20
 
 
-def _codec(device):
+def codec(device):
     """The backend module serving qgZ on ``device`` for the default backend (its qgZ rule: backends/__init__.py)."""
     return backends.qgz_backend(backends.default(), device)
 
@@ -58,7 +58,7 @@ def _partition(numel, world, rank):
     return chunk, min(max(numel - rank * chunk, 0), chunk)
 
 
-def _reduce_scatter_plain(tensors, world, rank, factor):
+def reduce_scatter_plain(tensors, world, rank, factor):
     """This rank's mean-reduced chunk of each tensor, unquantized: one fp32 reduce-scatter of a [world, sum of
     chunks] buffer whose row r holds every tensor's chunk r."""
     from deepspeed import comm as dist
@@ -89,7 +89,7 @@ def _reduce_scatter_plain(tensors, world, rank, factor):
     return results
 
 
-def _encode(gradient, topology, padded_chunk, feedback=None):
+def encode(gradient, topology, padded_chunk, feedback=None):
     """The blocks ``gradient`` sends in qgZ's first all-to-all; ``feedback`` (LoCo): None, or the error feedback of
     the first and of the second quantization (``int4.Feedback``; the second is None with one rank per node, where
     the gradient is quantized once)."""
@@ -99,7 +99,7 @@ def _encode(gradient, topology, padded_chunk, feedback=None):
     # One rank per node: block d (chunk d) goes straight to node d. Otherwise local peer j gets row m = chunk
     # m * L + j, for every node m.
     destinations, rows = (nodes, 1) if local_size == 1 else (local_size, nodes)
-    return _codec(gradient.device).qgz_encode(flat, destinations, rows,
+    return codec(gradient.device).qgz_encode(flat, destinations, rows,
                                               _partition(flat.numel(), world, 0)[0], padded_chunk, first)
 
 
@@ -120,25 +120,25 @@ def _reduce_scatter_batch(gradients, padded, feedbacks, topology, groups):
     stages, every stage's all-to-all shared by the whole batch."""
     world, local_size, nodes, rank = topology.world, topology.local_size, topology.nodes, topology.rank
     node, local = divmod(rank, local_size)
-    codec = _codec(gradients[0].device)
-    blocks = [_encode(g, topology, p, f) for g, p, f in zip(gradients, padded, feedbacks)]
+    kernels = codec(gradients[0].device)
+    blocks = [encode(g, topology, p, f) for g, p, f in zip(gradients, padded, feedbacks)]
     if local_size > 1:
         # Each local peer sums what its peers sent and re-encodes one row per node.
         received = _exchange(blocks, groups[f"local_{node}"])
         blocks = [
-            codec.qgz_reduce_encode(r, nodes, p, f[1] if f else None) for r, p, f in zip(received, padded, feedbacks)
+            kernels.qgz_reduce_encode(r, nodes, p, f[1] if f else None) for r, p, f in zip(received, padded, feedbacks)
         ]
         del received
     # Across nodes (ranks with the same local index): node m gets the node sums of its chunk.
     received = _exchange(blocks, groups[f"global_{local}"])
     mine = [_partition(g.numel(), world, rank)[1] for g in gradients]
     return [
-        codec.qgz_decode_sum(r, p, m, topology.factor, g.dtype)
+        kernels.qgz_decode_sum(r, p, m, topology.factor, g.dtype)
         for r, p, m, g in zip(received, padded, mine, gradients)
     ]
 
 
-def _batches(sizes, limit):
+def batches(sizes, limit):
     """Consecutive runs of indices whose sizes add up to at most ``limit`` (an item larger than it alone)."""
     batch, total = [], 0
     for index, size in enumerate(sizes):
@@ -161,7 +161,7 @@ def _reduce_scatter_quantized(gradients, feedbacks, topology, groups):
     world = topology.world
     padded = [padded_chunk_of(g.numel(), world) for g in gradients]
     results = []
-    for batch in _batches([sent_bytes(p, world) for p in padded], BATCH_BYTES):
+    for batch in batches([sent_bytes(p, world) for p in padded], BATCH_BYTES):
         results += _reduce_scatter_batch([gradients[i] for i in batch], [padded[i] for i in batch],
                                          [feedbacks[i] for i in batch], topology, groups)
     return results
@@ -192,12 +192,12 @@ def padded_chunk_of(numel, world):
 
 def reduce_scatter(tensors, groups, topology, feedbacks=None):
     """This rank's mean-reduced partition of every tensor (4-bit or unquantized: see :func:`quantizes`);
-    ``feedbacks``: None, or one entry per tensor for :func:`_encode` (ignored for unquantized ones)."""
+    ``feedbacks``: None, or one entry per tensor for :func:`encode` (ignored for unquantized ones)."""
     world, rank, factor = topology.world, topology.rank, topology.factor
     feedbacks = feedbacks or [None] * len(tensors)
     four_bit = [i for i, t in enumerate(tensors) if quantizes(t, world)]
     plain = [i for i, t in enumerate(tensors) if not quantizes(t, world)]
-    reduced = _reduce_scatter_plain([tensors[i] for i in plain], world, rank, factor)
+    reduced = reduce_scatter_plain([tensors[i] for i in plain], world, rank, factor)
     reduced += _reduce_scatter_quantized([tensors[i] for i in four_bit], [feedbacks[i] for i in four_bit], topology,
                                          groups)
     results = [None] * len(tensors)

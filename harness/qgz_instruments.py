@@ -90,6 +90,7 @@ def qgz_batches(job):
     their 4-bit all-to-alls shared in batches, against one call per gradient: the number of mismatching results
     (bit patterns) per batch limit, the worst rank's, with LoCo's error buffers (random at the start, the same for
     every variant) compared too when ``loco`` is set; and the all-to-alls and batches each variant made."""
+    from deepspeed import comm as ds_comm
     from deepspeed.accelerator import get_accelerator
     from deepspeed.utils import groups
     from deepspeed_zeropp import qgz
@@ -115,8 +116,9 @@ def qgz_batches(job):
         feedbacks = [(Feedback(pair[0], beta, keep),
                       Feedback(pair[1], beta, keep) if local_size > 1 else None) if pair and run.get("loco") else None
                      for pair in errors]
-        calls, original, saved = [], qgz._all_to_all, qgz.BATCH_BYTES
-        qgz._all_to_all = lambda blocks, group: calls.append(1) or original(blocks, group)
+        # qgZ's all-to-alls go through DeepSpeed's comm (looked up at each call): counted there
+        calls, original, saved = [], ds_comm.all_to_all_single, qgz.BATCH_BYTES
+        ds_comm.all_to_all_single = lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
         qgz.BATCH_BYTES = limit
         try:
             if one_by_one:
@@ -126,7 +128,7 @@ def qgz_batches(job):
             else:
                 results = qgz.reduce_scatter(gradients, all_to_all_groups, topology, feedbacks)
         finally:
-            qgz._all_to_all, qgz.BATCH_BYTES = original, saved
+            ds_comm.all_to_all_single, qgz.BATCH_BYTES = original, saved
         return results, [e for pair in errors if pair for e in pair], len(calls)
 
     def mismatches(first, second):
@@ -151,7 +153,7 @@ def qgz_batches(job):
         torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX)
         report[label] = dict(mismatches=int(worst.item()),
                              all_to_alls=calls,
-                             batches=len(list(qgz._batches(sizes, limit))))
+                             batches=len(list(qgz.batches(sizes, limit))))
     return {"quantized": len(sizes), "stages": 1 if local_size == 1 else 2, "variants": report}
 
 

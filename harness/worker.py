@@ -82,8 +82,8 @@ class Counters(demo_worker.Counters):
         self.spy(stage3, "all_to_all_quant_reduce", "quantized_gradient_reductions")
         if "all_to_all_loco_quant_reduce" in vars(stage3):
             self.spy(stage3, "all_to_all_loco_quant_reduce", "loco_gradient_reductions")
-        self.spy(qgz, "_encode", "gradients_reduced_in_4_bits")
-        self.spy(qgz, "_reduce_scatter_plain", "unquantized_gradient_batches")
+        self.spy(qgz, "encode", "gradients_reduced_in_4_bits")
+        self.spy(qgz, "reduce_scatter_plain", "unquantized_gradient_batches")
         super().install()
 
 

@@ -38,6 +38,11 @@ class Store:
         return self.keys[key]
 
 
+def as_patched():
+    """What a fully patched rank answers to ``sends_packets`` (nothing is patched in these tests)."""
+    return True
+
+
 def answer(host="node-a", wire=None, backend="auto"):
     return agreement.Answer(host, "0.1.0", "0.19.8", formats.WIRE_FORMAT_VERSION if wire is None else wire, backend,
                             backends.family(backend))
@@ -118,8 +123,6 @@ def two_ranks(monkeypatch):
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
     monkeypatch.setattr(agreement, "_store", lambda: store)
     monkeypatch.setattr(agreement, "_round", 0)
-    from deepspeed_zeropp.patching.seams import gathers
-    monkeypatch.setattr(gathers, "sends_packets", lambda: True)  # as a patched rank (nothing is patched here)
     agreement.reset()
     yield store
     agreement.reset()
@@ -129,12 +132,12 @@ def two_ranks(monkeypatch):
 def test_checked_once_per_backend(two_ranks):
     store = two_ranks
     published(store, 1, answer(), prefix=f"{agreement.KEY}/0")
-    agreement.ensure()
-    agreement.ensure()
+    agreement.ensure(as_patched)
+    agreement.ensure(as_patched)
     assert store.calls == ["set", "set", "wait"]
     backends.set_default("torch")  # another backend: checked again, in the next round
     published(store, 1, answer(backend="torch"), prefix=f"{agreement.KEY}/1")
-    agreement.ensure()
+    agreement.ensure(as_patched)
     assert store.calls == ["set", "set", "wait"] * 2
     assert agreement.Answer.decode(store.keys[f"{agreement.KEY}/1/rank0"]).backend == "torch"
 
@@ -145,7 +148,7 @@ def test_wire_format_version_read_from_formats(two_ranks, monkeypatch):
     published(store, 1, answer(), prefix=f"{agreement.KEY}/0")
     monkeypatch.setattr(formats, "WIRE_FORMAT_VERSION", formats.WIRE_FORMAT_VERSION + 1)
     with pytest.raises(agreement.AgreementError, match=r"rank 1 \(host node-a\): .* \[DIFFERENT\]"):
-        agreement.ensure()
+        agreement.ensure(as_patched)
 
 
 def test_nothing_to_check_without_distributed_or_peers(monkeypatch):
@@ -153,11 +156,11 @@ def test_nothing_to_check_without_distributed_or_peers(monkeypatch):
     monkeypatch.setattr(agreement, "_store", lambda: pytest.fail("store used"))
     agreement.reset()
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
-    agreement.ensure()
+    agreement.ensure(as_patched)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
-    agreement.ensure()
+    agreement.ensure(as_patched)
     agreement.reset()
 
 
@@ -179,7 +182,7 @@ def test_timeout_default_and_override(monkeypatch):
 def calls(monkeypatch):
     """Order of agreement checks and the work they guard."""
     log = []
-    monkeypatch.setattr(agreement, "ensure", lambda: log.append("ensure"))
+    monkeypatch.setattr(agreement, "ensure", lambda sends_packets: log.append("ensure"))
     return log
 
 
@@ -191,7 +194,7 @@ class Stop(Exception):
 def test_entry_points_check_before_they_work(monkeypatch, seam):
     """A failing check stops each entry point before its implementation sees the (here unusable) arguments."""
 
-    def refuse():
+    def refuse(sends_packets):
         raise Stop()
 
     monkeypatch.setattr(agreement, "ensure", refuse)
@@ -210,7 +213,7 @@ def test_mixz_after_partitioning_checks_only_when_on(calls, monkeypatch):
 
 def test_quantize_seam_checks_then_quantizes(calls, monkeypatch):
     from deepspeed_zeropp.patching.quantizer import QuantizerMethods
-    monkeypatch.setattr(agreement, "ensure", lambda: calls.append("ensure"))
+    monkeypatch.setattr(agreement, "ensure", lambda sends_packets: calls.append("ensure"))
     method = replacements.quantizer_quantize(None)
     codes, scales = method(QuantizerMethods(), torch.ones(64))
     assert calls == ["ensure"] and codes.dtype == torch.int8
@@ -220,17 +223,17 @@ def test_ranks_sending_packets_and_ranks_sending_apart_disagree():
     """A patch that leaves the fetch seam out sends codes and scales in two all-gathers, which a rank reading
     packets cannot take: the token differs, the error says which rank sends how, and own_answer reports it."""
     from deepspeed_zeropp.patching import apply
-    from deepspeed_zeropp.patching.seams.gathers import FETCH_SITE
+    from deepspeed_zeropp.patching.seams.gathers import FETCH_SITE, sends_packets
     apart = answer("node-b")._replace(packets=False)
     assert apart.token != answer().token
     text = failure(published(Store(), 1, apart), 0, 2, answer())
     assert "codes and scales in two all-gathers [DIFFERENT]" in text and "codes and scales in one packet" in text
     try:
         apply.patch()
-        assert agreement.own_answer().packets
+        assert agreement.own_answer(sends_packets()).packets
         apply.unpatch()
         apply.patch(exclude=(FETCH_SITE, ))
-        assert not agreement.own_answer().packets
+        assert not agreement.own_answer(sends_packets()).packets
     finally:
         apply.unpatch()
     assert agreement.Answer.decode(answer().encode()) == answer()

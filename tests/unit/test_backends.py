@@ -29,7 +29,7 @@ def test_every_backend_implements_the_interface(name):
 def test_patch_sets_the_default_backend_and_unpatch_resets_it():
     assert backends.default() == "auto"
     deepspeed_zeropp.patch(backend="torch")
-    assert backends.default() == "torch" and qgz._codec(CPU).NAME == "torch"
+    assert backends.default() == "torch" and qgz.codec(CPU).NAME == "torch"
     deepspeed_zeropp.unpatch()
     assert backends.default() == "auto"
     with pytest.raises(ValueError, match="unknown backend 'fast'; choose one of auto, torch, cuda, deepspeed"):
@@ -45,10 +45,10 @@ def test_deepspeed_backend_leaves_qgz_to_auto_warned_once_and_reported(monkeypat
     assert "qgZ" not in str(deepspeed_zeropp.patch(backend="torch")).splitlines()[0]
     deepspeed_zeropp.patch(backend="deepspeed")
     with pytest.warns(UserWarning, match="backend 'deepspeed' does not implement qgZ.*uses backend 'auto'"):
-        assert qgz._codec(CPU).NAME == "torch"
+        assert qgz.codec(CPU).NAME == "torch"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert qgz._codec(CPU).NAME == "torch"
+        assert qgz.codec(CPU).NAME == "torch"
     with pytest.raises(NotImplementedError, match="does not implement qgZ"):
         backends.resolve_backend("deepspeed", CPU).qgz_decode_sum(None, 0, 0, 1.0, torch.float32)
 

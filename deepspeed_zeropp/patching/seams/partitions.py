@@ -9,6 +9,7 @@ from ... import agreement
 from ...formats.dtypes import SUPPORTED_DTYPES
 from ..quantizer import QuantizerMethods
 from ..scope import DEFERRED, deferring_quantize
+from . import gathers
 from .common import own_dtype, stored_quantized, weights_quantized
 
 
@@ -145,7 +146,7 @@ def nontrainable_seam(original):
     def wrapper(optimizer, *args, **kwargs):
         if not getattr(optimizer, "zero_quantized_nontrainable_weights", False):
             return original(optimizer, *args, **kwargs)
-        agreement.ensure()  # the codes made here are gathered next; no quantize call may have come before
+        agreement.ensure(gathers.sends_packets)  # the codes made here are gathered next; no quantize call may have come before
         return quantize_nontrainable_params(optimizer, *args, **kwargs)
 
     return wrapper
