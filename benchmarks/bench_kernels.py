@@ -11,8 +11,7 @@ Three parts, each printed as ratios with their spread:
   rotate over enough buffers to exceed the L2 cache several times.
 - Host overhead: wall time per call of ``ops.quantize`` / ``ops.dequantize`` (the path the patched DeepSpeed
   calls, checks included) against DeepSpeed's op called directly and our extension's entry points called directly
-  (the native one that ops calls first, and the pybind one behind its Python table), back to back at 1M fp16
-  elements, interleaved per trial.
+  (the pybind ones behind ops' Python table), back to back at 1M fp16 elements, interleaved per trial.
 - JIT build: cold build and warm load times of the extension in fresh processes.
 
     python benchmarks/bench_kernels.py [--out DIR]      (default DIR: benchmarks/results)
@@ -39,7 +38,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]  # so the timed subprocesses import this same copy of the package
 sys.path.insert(0, str(REPO))
 from deepspeed_zeropp.formats.dtypes import BY_NAME as DTYPES  # noqa: E402
-from deepspeed_zeropp.formats.grouping import group_layout  # noqa: E402
+from deepspeed_zeropp.formats.grouping import equal_groups, group_layout  # noqa: E402
 
 SIZES = {"16M": 2**24, "134M": 2**27}
 LAYOUTS = {"heuristic": group_layout, "2048": lambda numel: (numel // 2048, 2048)}
@@ -159,9 +158,10 @@ def bench_bandwidth(dtype, numel, layout, ours, ds_op, reps, trials):
     buffers = max(1, math.ceil(ROTATION_BYTES / q_bytes))
     xs = [torch.randn(numel, device="cuda").to(dtype) for _ in range(buffers)]
     wires = [ours.quantize(x, groups, group_size) for x in xs]
+    equal = equal_groups(group_size)  # dequantize's layout: one buffer, equal groups
     functions = {
         "ours_q": (lambda x: ours.quantize(x, groups, group_size), xs),
-        "ours_dq": (lambda w: ours.dequantize(w[0], w[1], group_size, dtype), wires),
+        "ours_dq": (lambda w: ours.dequantize(w[0], w[1], equal, dtype), wires),
         "copy": (lambda x: x.clone(), xs),
     }
     fp16_q_bytes = numel * 2 + numel + 4 * groups
@@ -200,8 +200,7 @@ def bench_bandwidth(dtype, numel, layout, ours, ds_op, reps, trials):
 
 def bench_host(ds_op, calls=2000, trials=9):
     """Host microseconds per call, back to back (one synchronize after ``calls`` calls), at 1M fp16 elements. The
-    extension's entry points called directly (native: what ops calls first; pybind: what its Python table binds)
-    show what each layer adds."""
+    extension's entry points called directly (what ops' Python table binds) show what ops adds."""
     from deepspeed_zeropp import ops
     from deepspeed_zeropp.backends import cuda
     x = torch.randn(HOST_NUMEL, device="cuda", dtype=torch.float16)
@@ -209,14 +208,10 @@ def bench_host(ds_op, calls=2000, trials=9):
     codes, scales = ops.quantize(x)
     scales = scales.view(-1, 1)  # as DeepSpeed hands them to dequantize
     ext_quantize, quantize_args = cuda.bind_quantize(groups, group_size)
-    ext_dequantize, dequantize_args = cuda.bind_dequantize(group_size, torch.float16)
-    ops.dequantize(codes, scales, torch.float16)  # both signatures are now in the native tables
-    native_quantize, native_dequantize = cuda.native_entry_points()
+    ext_dequantize, dequantize_args = cuda.bind_dequantize(equal_groups(group_size), torch.float16)
     functions = {
         "ops_quantize": lambda: ops.quantize(x),
         "ops_dequantize": lambda: ops.dequantize(codes, scales, torch.float16),
-        "native_quantize": lambda: native_quantize(x, None, "auto"),
-        "native_dequantize": lambda: native_dequantize(codes, scales, torch.float16, None, None, "auto"),
         "ext_quantize": lambda: ext_quantize(x, *quantize_args),
         "ext_dequantize": lambda: ext_dequantize(codes, scales, *dequantize_args),
     }
@@ -303,10 +298,9 @@ def write_markdown(path, info, rows, host, build):
                      f"{_fmt_ratio(host.get(f'{op}_vs_ds'))} |")
         if theirs:
             lines.append(f"| DeepSpeed op {op} | {theirs['us']:.2f} ({theirs['low']:.2f}-{theirs['high']:.2f}) | |")
-        for name, what in (("native", "native entry point, remembered signature"), ("ext", "pybind entry point")):
-            if f"{name}_{op}" in host:
-                t = host[f"{name}_{op}"]
-                lines.append(f"| extension {op}: {what} | {t['us']:.2f} ({t['low']:.2f}-{t['high']:.2f}) | |")
+        if f"ext_{op}" in host:
+            t = host[f"ext_{op}"]
+            lines.append(f"| extension {op}: pybind entry point | {t['us']:.2f} ({t['low']:.2f}-{t['high']:.2f}) | |")
     checks = _meets(rows, host)
     missed = [text for text, met in checks if not met]
     lines += ["", f"## Targets: {len(checks) - len(missed)} of {len(checks)} met", ""]

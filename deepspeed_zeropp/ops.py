@@ -2,7 +2,9 @@
 
 Backends only ever see contiguous tensors whose sizes already agree with the group layout (of any shape: they
 return codes or values of their input's shape); everything a caller can get wrong is rejected here with an error
-that names the problem and what is accepted. The layout itself comes from :func:`grouping.group_layout`.
+that names the problem and what is accepted. The layout itself comes from :func:`grouping.group_layout`; what a
+backend dequantizes in is a ``grouping.GatheredLayout``, computed here once per call signature (or handed in by a
+gather seam, or carried by a packet) and passed to the backend unchanged.
 
 This is also the hot path (DeepSpeed calls it per gathered parameter or bucket, a few microseconds of host time
 each), so every check runs once per call signature: the first call with a new signature takes the checked path,
@@ -10,16 +12,12 @@ which raises on bad input and otherwise remembers the backend entry point and la
 everything those checks read (tensor types, dtypes, devices, sizes, the arguments and their types). A later call
 with an equal key passed the same checks, so it only tests contiguity, which the key leaves out, and calls the
 remembered entry point. Arguments that cannot form a key take the checked path every time.
-
-A backend may keep such a table natively as well (``remember_<op>`` and ``native_entry_points``: the CUDA
-extension, see csrc/binding.cpp). Its entry point then comes first on every call, takes this module's own
-arguments, and answers None for anything it has not been told about, which continues here.
 """
 import torch
 
 from .formats.dtypes import DEFAULT_DEQUANT_DTYPE, SUPPORTED_DTYPES, check_float_dtype, check_wire_tensors
 from .formats import int8
-from .formats.grouping import Layout, group_layout
+from .formats.grouping import GatheredLayout, Layout, blocks_of, equal_groups, group_layout
 from .backends import resolve_backend
 
 CALLS_LIMIT = 4096  # signatures per op; a model uses far fewer. A full table is emptied: a hit stays one lookup
@@ -28,22 +26,11 @@ _dequantize_calls = {}  # key -> (entry point, its arguments after codes and sca
 _packed_calls = {}  # key -> (backend module, int8.Packet): quantize_packed's checked signatures
 
 
-def _not_native(*arguments):
-    return None
-
-
-_native_quantize = _not_native  # a backend's native entry point (see above), once one has been told a signature
-_native_dequantize = _not_native
-_native_backends = []  # backends told signatures, for forget_signatures
-
-
 def forget_signatures():
-    """Forget every remembered call signature, here and in the backends' native tables."""
+    """Forget every remembered call signature."""
     _quantize_calls.clear()
     _dequantize_calls.clear()
     _packed_calls.clear()
-    for impl in _native_backends:
-        impl.forget_signatures()
 
 
 def quantize(x, groups=None, backend="auto"):
@@ -52,9 +39,6 @@ def quantize(x, groups=None, backend="auto"):
     The groups are ``group_layout(x.numel())`` when ``groups`` is None or that layout's own count; any other
     ``groups`` must divide ``x.numel()`` and gives equal groups (DeepSpeed's op's meaning of the argument).
     """
-    result = _native_quantize(x, groups, backend)
-    if result is not None:
-        return result
     key = call = None
     try:
         key = (type(x), x.dtype, x.device, x.numel(), groups, type(groups), backend)
@@ -74,11 +58,7 @@ def _checked_quantize(x, groups, backend, key):
     layout = group_layout(x.numel()) if groups is None else _explicit_layout(x.numel(), groups)
     impl = resolve_backend(backend, x.device)
     call = _entry_point(impl, "quantize", layout)
-    result = _remember(_quantize_calls, key, call, x if x.is_contiguous() else x.contiguous())
-    if key is not None and hasattr(impl, "remember_quantize"):
-        impl.remember_quantize(x, groups, backend, layout.groups, layout.group_size, CALLS_LIMIT)
-        _use_native(impl)
-    return result
+    return _remember(_quantize_calls, key, call, x if x.is_contiguous() else x.contiguous())
 
 
 def _explicit_layout(numel, groups):
@@ -147,9 +127,6 @@ def dequantize(codes, scales, dtype=None, group_size=None, block_numel=None, bac
     - ``group_size=E``: contiguous groups of E elements; the codes may be a prefix of S * E.
     - neither: one quantized buffer, in ``group_layout(codes.numel())`` if that has S groups, else S equal groups.
     """
-    result = _native_dequantize(codes, scales, dtype, group_size, block_numel, backend)
-    if result is not None:
-        return result
     key = call = None
     try:
         key = (type(codes), type(scales), codes.dtype, scales.dtype, codes.device, scales.device, codes.numel(),
@@ -166,33 +143,25 @@ def dequantize(codes, scales, dtype=None, group_size=None, block_numel=None, bac
 
 def _checked_dequantize(codes, scales, dtype, group_size, block_numel, backend, key):
     _check_dequantize_inputs(codes, scales, dtype)
+    layout = _dequantize_layout(codes.numel(), scales.numel(), group_size, block_numel)
+    return _dequantize_in(codes, scales, layout, dtype, backend, key)
+
+
+def _dequantize_in(codes, scales, layout, dtype, backend, key):
+    """The checked path's backend call, in ``layout`` (a ``GatheredLayout``, passed on unchanged), remembered
+    under ``key``."""
     out_dtype = DEFAULT_DEQUANT_DTYPE if dtype is None else dtype
-    numel = codes.numel()
-    size, block = _dequantize_layout(numel, scales.numel(), group_size, block_numel)
-    if numel == 0:  # no backend call, nothing to remember
+    if codes.numel() == 0:  # no backend call, nothing to remember
         return torch.empty(codes.shape, dtype=out_dtype, device=codes.device)
     impl = resolve_backend(backend, codes.device)
-    call = _entry_point(impl, "dequantize", (size, out_dtype, block))
-    result = _remember(_dequantize_calls, key, call, codes if codes.is_contiguous() else codes.contiguous(),
-                       scales if scales.is_contiguous() else scales.contiguous())
-    if key is not None and hasattr(impl, "remember_dequantize"):
-        impl.remember_dequantize(codes, scales, dtype, group_size, block_numel, backend, size, block, CALLS_LIMIT)
-        _use_native(impl)
-    return result
-
-
-def _use_native(impl):
-    """Put ``impl``'s native entry points first on the hot path (one backend's at a time: only the CUDA extension
-    has them, and it serves CUDA tensors only)."""
-    global _native_quantize, _native_dequantize
-    _native_quantize, _native_dequantize = impl.native_entry_points()
-    if impl not in _native_backends:
-        _native_backends.append(impl)
+    call = _entry_point(impl, "dequantize", (layout, out_dtype))
+    return _remember(_dequantize_calls, key, call, codes if codes.is_contiguous() else codes.contiguous(),
+                     scales if scales.is_contiguous() else scales.contiguous())
 
 
 def _dequantize_layout(numel, num_groups, group_size, block_numel):
-    """(group size, block numel) for the backends; the block numel is None when every group has the group size (the
-    backends' fast path): one block, or blocks that split into equal groups."""
+    """The ``GatheredLayout`` for the backends of dequantize's layout arguments; equal groups throughout (the
+    backends' fast path) for one buffer, one block, or blocks that split into equal groups."""
     if group_size is not None and block_numel is not None:
         raise ValueError("pass group_size or block_numel, not both")
     if block_numel is not None:
@@ -203,21 +172,51 @@ def _dequantize_layout(numel, num_groups, group_size, block_numel):
         if num_groups % layout.groups != 0 or numel > blocks * block_numel:
             raise ValueError(f"{numel} codes with {num_groups} scales are not blocks of {block_numel} elements "
                              f"in {layout.groups} groups each")
-        uniform = blocks == 1 or layout.covers_exactly(block_numel)
-        return layout.group_size, None if uniform else block_numel
+        return blocks_of(block_numel).for_scales(num_groups)
     if group_size is None:
         layout = group_layout(numel)
         if layout.groups == num_groups:
-            return layout.group_size, None
+            return equal_groups(layout.group_size)
         if numel % num_groups != 0:
             raise ValueError(f"{numel} codes cannot be split into {num_groups} equal groups; pass group_size "
                              "or block_numel")
-        return numel // num_groups, None
+        return equal_groups(numel // num_groups)
     if not _is_int(group_size) or group_size < 1:
         raise ValueError(f"group_size must be a positive int, got {group_size!r}")
     if numel > num_groups * group_size:
         raise ValueError(f"{numel} codes do not fit {num_groups} groups of {group_size}")
-    return group_size, None
+    return equal_groups(group_size)
+
+
+_GATHERED = "gathered"  # first part of dequantize_gathered's keys in _dequantize_calls (dequantize's never are)
+
+
+def dequantize_gathered(codes, scales, layout, dtype=None, backend="auto"):
+    """``dequantize`` in a ``grouping.GatheredLayout`` the caller already holds (a gather seam's
+    ``scope.DequantTarget.layout``, a packet's ``gathered``): checked against the codes and scales once per call
+    signature and passed to the backend unchanged (a single block read as equal groups, ``for_scales``)."""
+    key = call = None
+    try:
+        key = (_GATHERED, type(codes), type(scales), codes.dtype, scales.dtype, codes.device, scales.device,
+               codes.numel(), scales.shape, dtype, type(layout), layout, backend)
+        call = _dequantize_calls[key]
+    except Exception:  # see quantize
+        pass
+    if call is None:
+        return _checked_gathered(codes, scales, layout, dtype, backend, key)
+    function, arguments = call
+    return function(codes if codes.is_contiguous() else codes.contiguous(),
+                    scales if scales.is_contiguous() else scales.contiguous(), *arguments)
+
+
+def _checked_gathered(codes, scales, layout, dtype, backend, key):
+    _check_dequantize_inputs(codes, scales, dtype)
+    if not (isinstance(layout, GatheredLayout) and _is_int(layout.group_size) and layout.group_size >= 1 and
+            (layout.block_numel is None or _is_int(layout.block_numel) and layout.block_numel >= 1)):
+        raise TypeError(f"layout must be a formats.grouping.GatheredLayout of positive ints, got {layout!r}")
+    if not layout.fits(codes.numel(), scales.numel()):
+        raise ValueError(f"{codes.numel()} codes with {scales.numel()} scales do not fit {layout}")
+    return _dequantize_in(codes, scales, layout.for_scales(scales.numel()), dtype, backend, key)
 
 
 def dequantize_segments(codes, scales, block_numels, dtype=None, backend="auto"):
@@ -236,12 +235,11 @@ def dequantize_segments(codes, scales, block_numels, dtype=None, backend="auto")
     impl = resolve_backend(backend, codes.device)
     out = torch.empty(flat_codes.numel(), dtype=dtype, device=codes.device)
     code_at = scale_at = 0
-    for numel, groups, group_size, block_numel in runs:
+    for numel, groups, layout in runs:
         if numel:
             out[code_at:code_at + numel] = impl.dequantize(flat_codes[code_at:code_at + numel],
                                                            flat_scales[scale_at:scale_at + groups].contiguous(),
-                                                           group_size, dtype,
-                                                           None if block_numel == numel else block_numel)
+                                                           layout, dtype)
         code_at, scale_at = code_at + numel, scale_at + groups
     return out.view(codes.shape)
 
@@ -251,17 +249,16 @@ def _count(n):
 
 
 def _runs(block_numels):
-    """One backend call per run of neighbouring buffers: (numel, groups, group size, block numel or None). Buffers of
-    one size share a call, and so do buffers of equal groups of one size."""
+    """One backend call per run of neighbouring buffers: (numel, groups, its ``GatheredLayout``). Buffers of one size
+    share a call, and so do buffers of equal groups of one size."""
     runs = []
     for numel in block_numels:
-        layout = group_layout(numel)
-        kind = (layout.group_size, None if layout.covers_exactly(numel) else numel)
-        if runs and runs[-1][2:] == kind:
-            runs[-1] = (runs[-1][0] + numel, runs[-1][1] + layout.groups) + kind
+        groups, layout = group_layout(numel).groups, blocks_of(numel)
+        if runs and runs[-1][2] == layout:
+            runs[-1] = (runs[-1][0] + numel, runs[-1][1] + groups, layout)
         else:
-            runs.append((numel, layout.groups) + kind)
-    return runs
+            runs.append((numel, groups, layout))
+    return [(numel, groups, layout.for_scales(groups)) for numel, groups, layout in runs]
 
 
 # --- Packets: a rank's codes and scales in one byte buffer (formats/int8.py), sent in one all-gather ------------
@@ -366,14 +363,10 @@ def dequantize_packed(received, layout, shape, dtype=None, backend="auto"):
     codes, scales = _packet_views(received.view(ranks, layout.nbytes), layout)
     in_place = getattr(resolve_backend(backend, received.device), "dequantize_ranks", None)
     if in_place is not None:
-        values = in_place(codes, scales, layout.group_size, dtype).view(-1)
+        values = in_place(codes, scales, layout.gathered, dtype).view(-1)
         return (values if count == values.numel() else values[:count]).view(shape)
-    if layout.groups == group_layout(layout.numel).groups:
-        grouping = {"block_numel": layout.numel}
-    else:  # explicit equal groups
-        grouping = {"group_size": layout.group_size}
-    return dequantize(codes.contiguous().view(-1)[:count],
-                      scales.contiguous().view(-1),
-                      dtype,
-                      backend=backend,
-                      **grouping).view(shape)
+    return dequantize_gathered(codes.contiguous().view(-1)[:count],
+                               scales.contiguous().view(-1),
+                               layout.gathered,
+                               dtype,
+                               backend=backend).view(shape)

@@ -30,12 +30,13 @@ from harness.worker import make_engine, release_engine, train_step
 # Our code that does work: quantizer calls, the dequantize scopes of gather sites, padding, deferral, qgZ, the ranks'
 # agreement check. With no ZeRO++ flag none of them may run.
 WORK = {
-    "deepspeed_zeropp.ops": ("quantize", "dequantize", "dequantize_segments", "quantize_packed", "dequantize_packed"),
+    "deepspeed_zeropp.ops":
+    ("quantize", "dequantize", "dequantize_gathered", "dequantize_segments", "quantize_packed", "dequantize_packed"),
     "deepspeed_zeropp.patching.seams.common": ("dequant_target", "restore_dtypes"),
     "deepspeed_zeropp.patching.seams.gathers": ("dequant_target", "restore_dtypes", "_float_partition_views"),
     "deepspeed_zeropp.patching.seams.partitions":
     ("deferring_quantize", "_zero_padding", "quantize_nontrainable_params"),
-    "deepspeed_zeropp.qgz": ("_encode", ),
+    "deepspeed_zeropp.qgz": ("encode", ),
     "deepspeed_zeropp.agreement": ("ensure", ),
 }
 

@@ -4,6 +4,7 @@ import torch
 
 from deepspeed_zeropp.backends import torch_ref
 from deepspeed_zeropp.formats.dtypes import BY_NAME as DTYPES  # noqa: F401  (the tests' dtype table)
+from deepspeed_zeropp.formats.grouping import equal_groups
 
 STEPS = 5  # training steps of a harness job unless a test says otherwise
 FROZEN = ["embeddings", "attention"]  # a LoRA-like split of BERT: frozen embeddings and attention, trainable FFNs
@@ -87,5 +88,5 @@ class Fp16OnlyOp:
         return codes.view(x.shape), scales.view(-1, 1)
 
     def dequantize(self, codes, scales, groups, bits, kind):
-        return torch_ref.dequantize(codes.reshape(-1), scales.reshape(-1),
-                                    codes.numel() // groups, torch.float16).view(codes.shape)
+        return torch_ref.dequantize(codes.reshape(-1), scales.reshape(-1), equal_groups(codes.numel() // groups),
+                                    torch.float16).view(codes.shape)

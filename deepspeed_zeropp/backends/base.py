@@ -8,6 +8,7 @@ from typing import Optional, Protocol, runtime_checkable
 
 import torch
 
+from ..formats.grouping import GatheredLayout
 from ..formats.int4 import Feedback
 
 
@@ -19,17 +20,21 @@ class Backend(Protocol):
     wire (``formats/int4.py``) for every supported dtype; a backend that does not still defines them, raising, and
     the registry's :func:`~deepspeed_zeropp.backends.qgz_backend` names the backend that serves qgZ instead.
 
-    Optional: ``bind_quantize(groups, group_size)`` and ``bind_dequantize(group_size, dtype, block_numel)`` return
+    ``layout``, in ``dequantize`` and the entry points below: a ``formats.grouping.GatheredLayout``, the group layout
+    of the codes as their caller knew it (ops' checks, a gather seam, a packet), passed on unchanged; a backend reads
+    it through its members (``uniform``, ``group_size``, ``group_of``, ``kernel_arguments``, ...) only.
+
+    Optional: ``bind_quantize(groups, group_size)`` and ``bind_dequantize(layout, dtype)`` return
     ``(function, arguments)`` with ``function(tensors..., *arguments)`` doing what ``quantize`` / ``dequantize`` do
     with those arguments; ``ops`` remembers the pair per call signature, so a compiled entry point is called with no
     Python frame of the backend (``cuda`` offers them). Without them ``ops`` calls ``quantize`` / ``dequantize``.
 
     Optional, for packets (``formats/int8.py``: a rank's codes and scales in one byte buffer, one all-gather):
     ``quantize_into(x, groups, group_size, codes, scales)`` writes ``quantize``'s results into the packet's views,
-    and ``dequantize_ranks(codes, scales, group_size, dtype)`` dequantizes per-rank blocks read in place from a
-    gathered buffer (``codes`` [k, n] and ``scales`` [k, G], strided views) into a new [k, n] tensor. Without them
-    ``ops`` copies into and out of the packets around ``quantize`` / ``dequantize`` (same values, more copies;
-    ``torch_ref`` and ``cuda`` offer both)."""
+    and ``dequantize_ranks(codes, scales, layout, dtype)`` dequantizes per-rank blocks read in place from a
+    gathered buffer (``codes`` [k, n] and ``scales`` [k, G], strided views; ``layout``: the packets' ``gathered``,
+    one block per row) into a new [k, n] tensor. Without them ``ops`` copies into and out of the packets around
+    ``quantize`` / ``dequantize`` (same values, more copies; ``torch_ref`` and ``cuda`` offer both)."""
 
     NAME: str
     SERVES_QGZ: bool
@@ -38,15 +43,10 @@ class Backend(Protocol):
         """int8 weight wire (``formats/int8.py``): ``x`` read flat in ``groups`` groups of ``group_size`` elements
         (default: equal groups), the last one possibly short -> (int8 codes of x's shape, fp32 scales [groups])."""
 
-    def dequantize(self,
-                   codes: torch.Tensor,
-                   scales: torch.Tensor,
-                   group_size: int,
-                   dtype: torch.dtype,
-                   block_numel: Optional[int] = None) -> torch.Tensor:
-        """Inverse of ``quantize``, a new tensor of ``dtype`` and the codes' shape: groups of ``group_size`` (codes may
-        be a prefix of len(scales) * group_size), or blocks of ``block_numel`` elements, each with a short last
-        group."""
+    def dequantize(self, codes: torch.Tensor, scales: torch.Tensor, layout: GatheredLayout,
+                   dtype: torch.dtype) -> torch.Tensor:
+        """Inverse of ``quantize``, a new tensor of ``dtype`` and the codes' shape, element i times the scale of
+        ``layout.group_of(i)`` (which ``layout.fits`` the codes and scales)."""
 
     def qgz_encode(self,
                    flat: torch.Tensor,

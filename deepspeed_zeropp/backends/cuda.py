@@ -146,18 +146,17 @@ def bind_quantize(groups, group_size):
 _FORMAT_IDS = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
 
-def dequantize(codes, scales, group_size, dtype, block_numel=None):
+def dequantize(codes, scales, layout, dtype):
     """Dequantize contiguous int8 ``codes`` (read flat) with contiguous fp32 ``scales`` ([S] or [S, 1]) into a new
-    tensor of ``dtype`` and the codes' shape: groups of ``group_size`` (codes may be a prefix of S * group_size),
-    or blocks of ``block_numel`` elements each with a short last group."""
-    function, arguments = bind_dequantize(group_size, dtype, block_numel)
+    tensor of ``dtype`` and the codes' shape, in ``layout`` (a ``grouping.GatheredLayout``)."""
+    function, arguments = bind_dequantize(layout, dtype)
     return function(codes, scales, *arguments)
 
 
-def bind_dequantize(group_size, dtype, block_numel=None):
+def bind_dequantize(layout, dtype):
     """The extension's entry point and its arguments after codes and scales, for ``dequantize(codes, scales,
-    group_size, dtype, block_numel)``; see :func:`bind_quantize`."""
-    return (_module or _extension()).dequantize, _layout_arguments(group_size, block_numel) + (_FORMAT_IDS[dtype], )
+    layout, dtype)``: the layout's ``kernel_arguments`` and the format id; see :func:`bind_quantize`."""
+    return (_module or _extension()).dequantize, layout.kernel_arguments + (_FORMAT_IDS[dtype], )
 
 
 def quantize_into(x, groups, group_size, codes, scales):
@@ -169,53 +168,22 @@ def quantize_into(x, groups, group_size, codes, scales):
 ROWS_LIMIT = 65535  # rows one dequantize_rows call reads (its grid's second dimension)
 
 
-def dequantize_ranks(codes, scales, group_size, dtype):
+def dequantize_ranks(codes, scales, layout, dtype):
     """Per-rank rows read in place from a gathered buffer of packets, one kernel: ``codes`` [k, n] and ``scales``
-    [k, G] strided views (ops.dequantize_packed) -> a new [k, n] tensor of ``dtype``."""
+    [k, G] strided views (ops.dequantize_packed), each row one block of ``layout`` (the packets' ``gathered``: the
+    kernel reads its group size) -> a new [k, n] tensor of ``dtype``."""
     if codes.shape[0] > ROWS_LIMIT:
         return torch.cat([
-            dequantize_ranks(part, scale, group_size, dtype)
+            dequantize_ranks(part, scale, layout, dtype)
             for part, scale in zip(codes.split(ROWS_LIMIT), scales.split(ROWS_LIMIT))
         ])
-    return (_module or _extension()).dequantize_rows(codes, scales, group_size, _FORMAT_IDS[dtype])
-
-
-def _layout_arguments(group_size, block_numel):
-    """The extension's (group_size, block_numel): a block of one group size stands for equal groups."""
-    return group_size, group_size if block_numel is None else block_numel
-
-
-# The native signature tables (csrc/binding.cpp): ops tells the extension each signature its checks passed and this
-# backend served, and calls the extension's own entry points first from then on. The extension keeps a signature
-# only in the form it can read without Python, and answers None to anything else.
-
-
-def remember_quantize(x, groups, backend, resolved_groups, group_size, limit):
-    """ops.quantize's arguments ``x, groups, backend`` passed its checks and quantize in ``resolved_groups`` groups of
-    ``group_size`` served them; ``limit`` caps the table (a full one is emptied)."""
-    _extension().remember_quantize(x, groups, backend, resolved_groups, group_size, limit)
-
-
-def remember_dequantize(codes, scales, dtype, group_size, block_numel, backend, resolved_size, resolved_block, limit):
-    """ops.dequantize's arguments passed its checks and ``dequantize(codes, scales, resolved_size, ...,
-    resolved_block)`` served them; see :func:`remember_quantize`."""
-    _extension().remember_dequantize(codes, scales, dtype, group_size, block_numel, backend,
-                                     *_layout_arguments(resolved_size, resolved_block), limit)
-
-
-def native_entry_points():
-    """(quantize, dequantize) taking ops.quantize's and ops.dequantize's own positional arguments: the result for a
-    remembered signature, else None."""
-    return _extension().fast_quantize, _extension().fast_dequantize
-
-
-def forget_signatures():
-    _extension().forget_signatures()
+    return (_module or _extension()).dequantize_rows(codes, scales, layout.group_size, _FORMAT_IDS[dtype])
 
 
 def _check_qgz(condition, message):
-    """Arguments are checked here, before the extension: an exception thrown inside it (std or c10) has been seen
-    to crash the interpreter (torch 2.11, CUDA 13) instead of raising."""
+    """Every qgZ argument is checked here, and only here (csrc/binding.cpp's qgZ functions check nothing): an
+    exception thrown inside the extension (std or c10) has been seen to crash the interpreter (torch 2.11, CUDA 13)
+    instead of raising."""
     if not condition:
         raise ValueError(f"deepspeed_zeropp qgZ kernels: {message}")
 
@@ -225,15 +193,16 @@ def _check_blocks(blocks, rows, padded_chunk):
         blocks.is_cuda and blocks.dtype == torch.uint8 and blocks.dim() == 2 and blocks.is_contiguous(),
         f"blocks must be a contiguous 2-D uint8 CUDA tensor [sources, bytes], got {blocks.dtype} "
         f"{tuple(blocks.shape)} on {blocks.device}")
+    _check_qgz(1 <= blocks.shape[0] < 2**31, f"blocks need 1 to 2^31 - 1 sources, got {blocks.shape[0]}")
     _check_qgz(
-        blocks.shape[0] >= 1 and blocks.shape[1] == block_bytes(rows, padded_chunk),
+        blocks.shape[1] == block_bytes(rows, padded_chunk),
         f"blocks hold {blocks.shape[1]} bytes per source, expected {block_bytes(rows, padded_chunk)} "
         f"({rows} rows of {padded_chunk})")
     _check_qgz(blocks.data_ptr() % 4 == 0, "blocks must be 4-byte aligned")
 
 
 def _check_geometry(rows, padded_chunk):
-    _check_qgz(rows >= 1, f"rows must be >= 1, got {rows}")
+    _check_qgz(1 <= rows < 2**31, f"rows must be in [1, 2^31), got {rows}")
     _check_qgz(padded_chunk >= 0 and padded_chunk % GROUP == 0,
                f"padded_chunk must be a non-negative multiple of {GROUP}, got {padded_chunk}")
 
@@ -256,8 +225,9 @@ def qgz_encode(flat, destinations, rows, chunk, padded_chunk, feedback=None):
                "the gradient must be a flat contiguous CUDA tensor")
     _check_qgz(flat.dtype in SUPPORTED_DTYPES, f"the gradient must be one of {dtype_names()}, got {flat.dtype}")
     _check_geometry(rows, padded_chunk)
-    _check_qgz(destinations >= 1 and 0 <= chunk <= padded_chunk,
-               f"need destinations >= 1 and 0 <= chunk <= padded_chunk, got {destinations}, {chunk}, {padded_chunk}")
+    _check_qgz(
+        1 <= destinations < 2**31 and 0 <= chunk <= padded_chunk,
+        f"need 1 <= destinations < 2^31, 0 <= chunk <= padded_chunk, got {destinations}, {chunk}, {padded_chunk}")
     _check_qgz(destinations * rows * (padded_chunk // GROUP) < 2**31, f"at most 2^31 - 1 groups of {GROUP} per call")
     _check_qgz(destinations * rows * chunk >= flat.numel(),
                f"{destinations} x {rows} chunks of {chunk} do not cover the input's {flat.numel()} values")
@@ -287,6 +257,7 @@ def qgz_decode_sum(blocks, padded_chunk, count, factor, dtype):
     _check_blocks(blocks, 1, padded_chunk)
     _check_qgz(dtype in SUPPORTED_DTYPES, f"the output dtype must be one of {dtype_names()}, got {dtype}")
     _check_qgz(0 <= count <= padded_chunk, f"count must be in [0, padded_chunk], got {count}")
+    # flat, contiguous, on the blocks' device, at most padded_chunk values of a checked dtype: all the kernel needs
     out = torch.empty(count, dtype=dtype, device=blocks.device)
     _extension().qgz_decode_sum(blocks, padded_chunk, factor, out)
     return out

@@ -46,12 +46,12 @@ def quantize(x, groups, group_size=None):
     return codes.view(x.shape), scales.view(-1)
 
 
-def dequantize(codes, scales, group_size, dtype, block_numel=None):
-    if block_numel is not None:
-        return _native(codes.device).dequantize(codes, scales, group_size, dtype, block_numel)
+def dequantize(codes, scales, layout, dtype):
+    if not layout.uniform:
+        return _native(codes.device).dequantize(codes, scales, layout, dtype)
     op = _op()
     shape, codes = codes.shape, codes.reshape(-1)
-    numel, padded_numel = codes.numel(), scales.numel() * group_size
+    numel, padded_numel = codes.numel(), scales.numel() * layout.group_size
     whole = codes if numel == padded_numel else torch.cat([codes, codes.new_zeros(padded_numel - numel)])
     out = op.dequantize(whole, scales.view(-1, 1), scales.numel(), 8, op.Symmetric).view(-1)
     return out[:numel].view(shape).to(dtype)  # the op needs whole groups: the prefix was padded, now cut back

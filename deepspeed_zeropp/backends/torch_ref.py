@@ -44,37 +44,30 @@ def quantize_into(x, groups, group_size, codes, scales):
     codes.view(-1).copy_(scaled.view(-1)[:x.numel()])
 
 
-def dequantize(codes, scales, group_size, dtype, block_numel=None):
+def dequantize(codes, scales, layout, dtype):
     """Dequantize contiguous ``codes`` (read flat; the result has their shape) with per-group ``scales`` into
-    ``dtype``. Groups of ``group_size``: element i is in group i // group_size (codes may be a prefix of
-    len(scales) * group_size); with ``block_numel`` n, the codes are blocks of n elements, each in ceil(n /
-    group_size) groups with a short last one: group (i // n) * ceil(n / group_size) + (i % n) // group_size."""
+    ``dtype``, in ``layout`` (a ``grouping.GatheredLayout``): element i times the scale of group
+    ``layout.group_of(i)``; equal groups covering the codes exactly take one broadcast product."""
     shape, codes, scales = codes.shape, codes.reshape(-1), scales.reshape(-1)
     numel = codes.numel()
-    if block_numel is None and numel == scales.numel() * group_size:
+    if layout.uniform and numel == scales.numel() * layout.group_size:
         values = codes.view(scales.numel(), -1).float() * scales.unsqueeze(1)
     else:
-        index = torch.arange(numel, device=codes.device)
-        if block_numel is None:
-            group_of = index // group_size
-        else:
-            group_of = (index // block_numel) * -(-block_numel // group_size) + (index % block_numel) // group_size
-        values = codes.float() * scales[group_of]
+        values = codes.float() * scales[layout.group_of(torch.arange(numel, device=codes.device))]
     return values.view(shape).to(dtype)
 
 
-def dequantize_ranks(codes, scales, group_size, dtype):
+def dequantize_ranks(codes, scales, layout, dtype):
     """Dequantize ``k`` per-rank blocks read in place: ``codes`` [k, n] and ``scales`` [k, G] may be strided views
-    of a gathered buffer of packets (rows need not be contiguous with each other); each block is in G groups of
-    ``group_size`` with a short last one. Returns a new contiguous tensor [k, n] of ``dtype``; element for element
+    of a gathered buffer of packets (rows need not be contiguous with each other); each row is one block of
+    ``layout`` (the packets' ``gathered``). Returns a new contiguous tensor [k, n] of ``dtype``; element for element
     the same arithmetic as ``dequantize``."""
     ranks, numel = codes.shape
     groups = scales.shape[1]
-    if numel == groups * group_size:
-        values = codes.view(ranks, groups, group_size).float() * scales.unsqueeze(2)
+    if layout.uniform:
+        values = codes.view(ranks, groups, layout.group_size).float() * scales.unsqueeze(2)
     else:
-        group_of = torch.arange(numel, device=codes.device) // group_size
-        values = codes.float() * scales[:, group_of]
+        values = codes.float() * scales[:, layout.group_of(torch.arange(numel, device=codes.device))]
     return values.view(ranks, numel).to(dtype)
 
 

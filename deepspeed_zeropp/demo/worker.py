@@ -15,6 +15,7 @@ import torch
 
 from ..backends import torch_ref
 from ..formats.dtypes import BY_NAME
+from ..formats.grouping import equal_groups
 
 VOCAB = 2048  # word embeddings above 500k elements: large enough for quantize_nontrainable_params
 SEQ = 32
@@ -68,8 +69,8 @@ class UpstreamOpStandIn:
 
     @staticmethod
     def dequantize(codes, scales, groups, num_bits, quant_type):
-        return torch_ref.dequantize(codes.view(-1), scales.view(-1),
-                                    codes.numel() // groups, torch.float16).view(codes.shape)
+        return torch_ref.dequantize(codes.view(-1), scales.view(-1), equal_groups(codes.numel() // groups),
+                                    torch.float16).view(codes.shape)
 
 
 def install_stand_in(op=UpstreamOpStandIn):

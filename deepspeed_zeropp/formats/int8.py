@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import torch
 
+from .grouping import GatheredLayout, Layout, blocks_of
 from .grouping import group_layout as layout  # noqa: F401  (the wire's group layout, a function of numel)
 
 FLT_MAX = torch.finfo(torch.float32).max
@@ -45,12 +46,15 @@ SCALE_BYTES = 4  # one fp32 scale
 
 class Packet(NamedTuple):
     """Where the parts of a packet of ``numel`` codes in ``groups`` groups of ``group_size`` lie, in bytes: the
-    codes at 0, the scales at ``scales_at``, ``nbytes`` in all (the stride between ranks in a gathered buffer)."""
+    codes at 0, the scales at ``scales_at``, ``nbytes`` in all (the stride between ranks in a gathered buffer).
+    ``gathered``: the group layout of a gather of such packets' codes, one block of ``numel`` per rank (what the
+    backends dequantize them in)."""
     numel: int
     groups: int
     group_size: int
     scales_at: int
     nbytes: int
+    gathered: GatheredLayout
 
 
 def _aligned(nbytes):
@@ -60,4 +64,5 @@ def _aligned(nbytes):
 def packet(numel, groups, group_size):
     """The packet of ``numel`` codes in ``groups`` groups of ``group_size`` elements (the quantizer's layout)."""
     scales_at = _aligned(numel)
-    return Packet(numel, groups, group_size, scales_at, _aligned(scales_at + SCALE_BYTES * groups))
+    return Packet(numel, groups, group_size, scales_at, _aligned(scales_at + SCALE_BYTES * groups),
+                  blocks_of(numel, Layout(groups, group_size)))

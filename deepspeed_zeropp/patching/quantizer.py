@@ -27,7 +27,7 @@ class QuantizerMethods:
     def dequantize(self, quantized_param, scale, dtype=None):
         """Dequantize to ``dtype``, else to the dtype the enclosing patched gather site recorded from its
         parameters, else fp16. The site also says how the gathered codes are laid out (one quantized block per
-        rank)."""
+        rank): a ``GatheredLayout``, handed to ops unchanged, packets, or segments."""
         target = current_target()
         if target is None:
             return ops.dequantize(quantized_param, scale, dtype, backend=backends.default())
@@ -37,11 +37,10 @@ class QuantizerMethods:
             return ops.dequantize_packed(received, layout, quantized_param.shape, dtype, backend=backends.default())
         if target.segments:
             return ops.dequantize_segments(quantized_param, scale, target.segments, dtype, backend=backends.default())
-        return ops.dequantize(quantized_param,
-                              scale,
-                              dtype,
-                              block_numel=target.block_numel_of(quantized_param),
-                              backend=backends.default())
+        layout = target.layout_of(quantized_param)
+        if layout is None:
+            return ops.dequantize(quantized_param, scale, dtype, backend=backends.default())
+        return ops.dequantize_gathered(quantized_param, scale, layout, dtype, backend=backends.default())
 
     @staticmethod
     def quantize_partition(partition, like=None):

@@ -10,29 +10,37 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
+from ..formats.grouping import GatheredLayout, blocks_of
+
 
 class DequantTarget(NamedTuple):
-    """The dtype to hand back and the group layout of the gathered codes (formats/grouping.py): k per-rank blocks, each
-    quantized on its own, given by one of ``block_numel`` (the block's numel, for codes narrowed to a prefix),
-    ``blocks`` (k, when the site dequantizes several buffers of different block sizes) or ``segments`` (the numel
-    of every separately quantized buffer, in order). None of them: the codes are one quantized buffer.
+    """The dtype to hand back and the group layout of the gathered codes: k per-rank blocks, each quantized on its
+    own. Where the seam knows the per-rank numel (codes narrowed to a prefix), ``layout`` is their
+    ``grouping.GatheredLayout``, computed there once and passed to the backend unchanged. Two forms stay apart
+    because no single layout is known when the seam publishes them: ``blocks`` (k: the site dequantizes several
+    buffers of different block sizes under one target, so the layout is ``blocks_of(codes.numel() // k)`` of each
+    call's codes, :meth:`layout_of`) and ``segments`` (the numel of every separately quantized buffer, in order:
+    buffers of different sizes, one layout per run, ``ops.dequantize_segments``). None of them: the codes are one
+    quantized buffer.
 
     ``packed``: the codes and scales were all-gathered as packets (``formats/int8.py``): ``(received, layout)``,
-    the gathered bytes and the packets' ``int8.Packet``. The arguments upstream passes to dequantize then only give
-    the shape of the result; the values are read from ``received``."""
+    the gathered bytes and the packets' ``int8.Packet`` (which carries their ``GatheredLayout``). The arguments
+    upstream passes to dequantize then only give the shape of the result; the values are read from ``received``."""
     dtype: torch.dtype
-    block_numel: Optional[int] = None
+    layout: Optional[GatheredLayout] = None
     blocks: Optional[int] = None
     segments: Optional[Tuple[int, ...]] = None
     packed: Optional[tuple] = None
 
-    def block_numel_of(self, codes):
-        """The per-rank block numel of ``codes``, or None when they are one quantized buffer (or empty blocks)."""
+    def layout_of(self, codes):
+        """The ``GatheredLayout`` of ``codes``: ``layout``, or that of ``blocks`` equal per-rank blocks of them; None
+        when they are one quantized buffer (or empty blocks)."""
         if self.blocks is None:
-            return self.block_numel or None
+            return self.layout
         if codes.numel() % self.blocks != 0:
             raise ValueError(f"{codes.numel()} gathered codes cannot be {self.blocks} equal per-rank blocks")
-        return codes.numel() // self.blocks or None
+        block_numel = codes.numel() // self.blocks
+        return blocks_of(block_numel) if block_numel else None
 
 
 _current = contextvars.ContextVar("deepspeed_zeropp_dequant_target", default=None)
@@ -49,8 +57,8 @@ def _set(var, value):
         var.reset(token)
 
 
-def dequant_target(dtype, block_numel=None, blocks=None, segments=None, packed=None):
-    return _set(_current, DequantTarget(dtype, block_numel, blocks, segments, packed))
+def dequant_target(dtype, layout=None, blocks=None, segments=None, packed=None):
+    return _set(_current, DequantTarget(dtype, layout, blocks, segments, packed))
 
 
 def current_target():

@@ -12,7 +12,7 @@ from deepspeed_zeropp import ops  # noqa: E402
 from deepspeed_zeropp.backends import cuda as cuda_backend  # noqa: E402
 from deepspeed_zeropp.backends import torch_ref  # noqa: E402
 from deepspeed_zeropp.formats.dtypes import SUPPORTED_DTYPES  # noqa: E402
-from deepspeed_zeropp.formats.grouping import group_layout  # noqa: E402
+from deepspeed_zeropp.formats.grouping import GatheredLayout, equal_groups, group_layout  # noqa: E402
 from tests.helpers import assert_bitwise, extension_builds  # noqa: E402,F401
 
 DTYPES = SUPPORTED_DTYPES
@@ -149,8 +149,9 @@ def test_empty_input():
 def test_dequantize_matches_reference(dtype, out_dtype):
     for x, groups in (edge_groups(dtype, 61), (random_groups(16 * 4096, 16, dtype, seed=5), 16)):
         codes, scales = cuda_backend.quantize(x, groups)
-        out = cuda_backend.dequantize(codes, scales, x.numel() // groups, out_dtype)
-        expected = torch_ref.dequantize(codes.cpu(), scales.cpu(), x.numel() // groups, out_dtype)
+        layout = equal_groups(x.numel() // groups)
+        out = cuda_backend.dequantize(codes, scales, layout, out_dtype)
+        expected = torch_ref.dequantize(codes.cpu(), scales.cpu(), layout, out_dtype)
         assert out.dtype == out_dtype
         assert_bitwise(out, expected)
 
@@ -162,11 +163,11 @@ def test_dequantize_prefix_of_padded_buffer(out_dtype, numel, group_size):
     padded = random_groups(groups * group_size, groups, torch.float32, seed=numel)
     codes, scales = cuda_backend.quantize(padded, groups)
     out = ops.dequantize(codes[:numel], scales, dtype=out_dtype, group_size=group_size, backend="cuda")
-    assert_bitwise(out, torch_ref.dequantize(codes.cpu(), scales.cpu(), group_size, out_dtype)[:numel])
+    assert_bitwise(out, torch_ref.dequantize(codes.cpu(), scales.cpu(), equal_groups(group_size), out_dtype)[:numel])
     # One byte past the buffer's start (the element-wise kernel); groups then count from that first code.
     shifted = codes[1:numel]
     out = ops.dequantize(shifted, scales, dtype=out_dtype, group_size=group_size, backend="cuda")
-    assert_bitwise(out, torch_ref.dequantize(shifted.cpu(), scales.cpu(), group_size, out_dtype))
+    assert_bitwise(out, torch_ref.dequantize(shifted.cpu(), scales.cpu(), equal_groups(group_size), out_dtype))
 
 
 # Layouts with a short last group (formats/grouping.py): sizes where DeepSpeed's heuristic fails (primes, odd sizes), and
@@ -212,6 +213,8 @@ def test_dequantize_gathered_blocks_match_reference(out_dtype, block_numel, grou
     (i // n) * G + (i % n) // E. Whole buffers, prefixes (the sequential gather narrows to the parameter) and
     codes one byte past a 16-byte boundary (the element-wise kernel)."""
     groups = -(-block_numel // group_size)
+    layout = GatheredLayout(group_size, block_numel)  # the kernel's (group_size, block_numel), one block included
+    assert not layout.uniform and layout.block_groups == groups
     for blocks in (1, 2, 3, 5):
         parts = [random_groups(block_numel, 1, torch.float32, seed=17 * blocks + b) for b in range(blocks)]
         quantized = [cuda_backend.quantize(part, groups, group_size) for part in parts]
@@ -219,13 +222,13 @@ def test_dequantize_gathered_blocks_match_reference(out_dtype, block_numel, grou
         scales = torch.cat([s for _, s in quantized])
         for numel in {codes.numel(), codes.numel() - 1, codes.numel() - block_numel // 2, 1}:
             prefix = codes[:numel]
-            out = cuda_backend.dequantize(prefix, scales, group_size, out_dtype, block_numel)
-            expected = torch_ref.dequantize(prefix.cpu(), scales.cpu(), group_size, out_dtype, block_numel)
+            out = cuda_backend.dequantize(prefix, scales, layout, out_dtype)
+            expected = torch_ref.dequantize(prefix.cpu(), scales.cpu(), layout, out_dtype)
             assert out.dtype == out_dtype
             assert_bitwise(out, expected)
         shifted = torch.cat([codes.new_zeros(1), codes])[1:]  # same values, one byte off the allocation's alignment
-        out = cuda_backend.dequantize(shifted, scales, group_size, out_dtype, block_numel)
-        assert_bitwise(out, torch_ref.dequantize(codes.cpu(), scales.cpu(), group_size, out_dtype, block_numel))
+        out = cuda_backend.dequantize(shifted, scales, layout, out_dtype)
+        assert_bitwise(out, torch_ref.dequantize(codes.cpu(), scales.cpu(), layout, out_dtype))
 
 
 @pytest.mark.parametrize("out_dtype", DTYPES, ids=DTYPE_IDS)
@@ -253,7 +256,7 @@ def test_round_trip_finite_up_to_dtype_max(dtype):
     x = (x / x.abs().max() * info.max).to(dtype)  # every group within a few decades of the dtype's max
     assert torch.isfinite(x).all()
     codes, scales = cuda_backend.quantize(x, 32)
-    out = cuda_backend.dequantize(codes, scales, 4096, dtype)
+    out = cuda_backend.dequantize(codes, scales, equal_groups(4096), dtype)
     assert torch.isfinite(scales).all() and torch.isfinite(out).all()
 
 
@@ -262,7 +265,7 @@ def test_tiny_groups_keep_one_percent_accuracy(dtype):
     gen = torch.Generator().manual_seed(13)
     x = (torch.randn(64 * 4096, generator=gen, dtype=torch.float64) * 1e-8).to(dtype).cuda()
     codes, scales = cuda_backend.quantize(x, 64)
-    out = cuda_backend.dequantize(codes, scales, 4096, torch.float32)
+    out = cuda_backend.dequantize(codes, scales, equal_groups(4096), torch.float32)
     relative_error = (out - x.float()).norm() / x.float().norm()
     assert relative_error <= 0.01
 
@@ -273,11 +276,11 @@ def test_runs_on_the_current_stream():
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         codes, scales = cuda_backend.quantize(x, 64)
-        out = cuda_backend.dequantize(codes, scales, 4096, torch.bfloat16)
+        out = cuda_backend.dequantize(codes, scales, equal_groups(4096), torch.bfloat16)
     stream.synchronize()
     ref_codes, ref_scales = reference_quantize(x, 64)
     assert_bitwise(codes, ref_codes)
-    assert_bitwise(out, torch_ref.dequantize(ref_codes, ref_scales, 4096, torch.bfloat16))
+    assert_bitwise(out, torch_ref.dequantize(ref_codes, ref_scales, equal_groups(4096), torch.bfloat16))
 
 
 def test_repeated_calls_are_identical():
@@ -349,7 +352,7 @@ def test_fp16_matches_deepspeed_op(deepspeed_quantizer):
         code_diff = (codes.int() - ds_codes.view(-1).int()).abs()
         # DeepSpeed's dequantize (fp16 out) on our codes and scales: a plain product, expected identical.
         ds_out = deepspeed_quantizer.dequantize(codes, scales.view(-1, 1), groups, 8, deepspeed_quantizer.Symmetric)
-        out = cuda_backend.dequantize(codes, scales, x.numel() // groups, torch.float16)
+        out = cuda_backend.dequantize(codes, scales, equal_groups(x.numel() // groups), torch.float16)
         dequant_diff = int((out.view(torch.int16) != ds_out.view(-1).view(torch.int16)).sum())
         histogram = {int(u): int(c) for u, c in zip(*torch.unique(scale_diff, return_counts=True))}
         print(f"{name}: scale ulp histogram {histogram} of {groups}; codes differing: {int((code_diff != 0).sum())} "

@@ -1,6 +1,6 @@
 """ops remembers each checked call signature (ops.py): a remembered signature never serves input the checks would
-refuse, nor a different answer from the checked path. Where a CUDA device is present the tests run on it too, where
-the CUDA extension's native table (csrc/binding.cpp) answers first."""
+refuse, nor a different answer from the checked path. Where a CUDA device is present the tests run on it too, through
+the CUDA extension."""
 import numpy as np
 import pytest
 import torch
@@ -172,80 +172,3 @@ def test_the_tables_stay_bounded(monkeypatch, device):
         assert torch.equal(ops.dequantize(codes, scales, torch.float32),
                            ops.dequantize(codes, scales, torch.float32, backend="torch"))
         assert len(ops._quantize_calls) <= 3 and len(ops._dequantize_calls) <= 3
-
-
-class NativeStandIn:
-    """A backend with a native table, as ops sees the CUDA extension: pure torch underneath, and a log of what ops
-    tells it and asks it."""
-    NAME = "stand-in"
-
-    def __init__(self, answer):
-        self.answer, self.log = answer, []
-
-    def quantize(self, x, groups, group_size=None):
-        return torch_ref.quantize(x, groups, group_size)
-
-    def dequantize(self, codes, scales, group_size, dtype, block_numel=None):
-        return torch_ref.dequantize(codes, scales, group_size, dtype, block_numel)
-
-    def remember_quantize(self, *args):
-        self.log.append(("remember_quantize", args))
-
-    def remember_dequantize(self, *args):
-        self.log.append(("remember_dequantize", args))
-
-    def forget_signatures(self):
-        self.log.append(("forget", ))
-
-    def native_entry_points(self):
-        return (lambda *args: self._asked("quantize", args)), (lambda *args: self._asked("dequantize", args))
-
-    def _asked(self, op, args):
-        self.log.append((op, args))
-        return self.answer
-
-
-@pytest.fixture
-def stand_in(monkeypatch):
-    """Installs a NativeStandIn (answering None) as every backend; ops' native hooks are restored afterwards."""
-    backend = NativeStandIn(None)
-    monkeypatch.setattr(ops, "resolve_backend", lambda name, device: backend)
-    for name in ("_native_quantize", "_native_dequantize", "_native_backends"):
-        monkeypatch.setattr(ops, name, getattr(ops, name) if name != "_native_backends" else [])
-    return backend
-
-
-def test_a_backend_is_told_each_checked_signature_once(stand_in):
-    x = torch.randn(NUMEL, dtype=torch.bfloat16)
-    codes, scales = ops.quantize(x, GROUPS)
-    ops.quantize(x, GROUPS)
-    ops.dequantize(codes, scales.view(-1, 1), None, None, 16)
-    ops.dequantize(codes, scales.view(-1, 1), None, None, 16)
-    told = [entry for entry in stand_in.log if entry[0].startswith("remember")]
-    assert [entry[0] for entry in told] == ["remember_quantize", "remember_dequantize"]
-    assert told[0][1][1:] == (GROUPS, "auto", GROUPS, 16, ops.CALLS_LIMIT)  # ops' arguments, then the layout
-    assert told[1][1][2:] == (None, None, 16, "auto", 16, None, ops.CALLS_LIMIT)  # one block: equal groups of 16
-    asked = [entry[0] for entry in stand_in.log if not entry[0].startswith(("remember", "forget"))]
-    # First on every call once told a signature (answering None here, so ops goes on)
-    assert asked == ["quantize", "dequantize", "dequantize"]
-    ops.forget_signatures()
-    assert stand_in.log[-1] == ("forget", )
-
-
-def test_a_native_answer_is_returned_as_is(stand_in):
-    x = torch.randn(NUMEL)
-    ops.quantize(x, GROUPS)  # tells the stand-in, which becomes the native entry point
-    stand_in.answer = "native"
-    assert ops.quantize(x, GROUPS) == "native"
-    assert ops.dequantize(x, "anything", torch.float64, 3, 4, "torch") == "native"
-    assert stand_in.log[-1] == ("dequantize", (x, "anything", torch.float64, 3, 4, "torch"))
-
-
-def test_refused_and_keyless_calls_tell_the_backend_nothing(stand_in):
-    x = torch.randn(NUMEL)
-    with pytest.raises(ValueError):
-        ops.quantize(x, 5)
-    ops.dequantize(*ops.quantize(x, GROUPS), group_size=[16][0])
-    stand_in.log.clear()
-    ops.quantize(x, GROUPS, backend=["auto"][0])  # a known signature: not told again
-    assert not [entry for entry in stand_in.log if entry[0].startswith("remember")]

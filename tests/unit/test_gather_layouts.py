@@ -12,7 +12,7 @@ import torch
 
 from deepspeed_zeropp import ops
 from deepspeed_zeropp.backends import deepspeed_op
-from deepspeed_zeropp.formats.grouping import group_layout
+from deepspeed_zeropp.formats.grouping import blocks_of, group_layout
 from deepspeed_zeropp.patching.seams import gathers
 from deepspeed_zeropp.patching.quantizer import QuantizerMethods
 from tests.helpers import Fp16OnlyOp
@@ -66,9 +66,24 @@ def test_single_gather_of_hpz_secondary_partition():
     full, secondary, quantized, expected = partitions(2 * PRIME, seed=2)
     param = param_with(full, torch.empty(-(-full.numel() // 4), dtype=full.dtype), secondary[0].clone())
     handle = SimpleNamespace(_AllGatherHandle__param=param)
-    assert gathers._single_layout(handle) == {"block_numel": PRIME}
+    assert gathers._single_layout(handle) == {"layout": blocks_of(PRIME)}
+    assert blocks_of(PRIME).block_numel == PRIME  # a short last group per block: the block numel is kept
     param.ds_secondary_tensor = None
-    assert gathers._single_layout(handle) == {"block_numel": -(-full.numel() // 4)}
+    assert gathers._single_layout(handle) == {"layout": blocks_of(-(-full.numel() // 4))}
+
+
+def test_target_layouts():
+    """A seam that knows the per-rank numel publishes its GatheredLayout, read as it is; ``blocks`` gives the layout
+    of each call's codes (k equal per-rank blocks of them)."""
+    from deepspeed_zeropp.patching.scope import DequantTarget
+    codes = torch.zeros(2 * PRIME, dtype=torch.int8)
+    layout = blocks_of(PRIME)
+    assert DequantTarget(torch.bfloat16, layout=layout).layout_of(codes) is layout
+    assert DequantTarget(torch.bfloat16, blocks=2).layout_of(codes) == blocks_of(PRIME)
+    assert DequantTarget(torch.bfloat16, blocks=2).layout_of(codes[:0]) is None  # empty blocks: one (empty) buffer
+    assert DequantTarget(torch.bfloat16).layout_of(codes) is None
+    with pytest.raises(ValueError, match="cannot be 3 equal per-rank blocks"):
+        DequantTarget(torch.bfloat16, blocks=3).layout_of(codes[:-1])
 
 
 @pytest.mark.parametrize("secondary", [False, True], ids=["primary", "hpz-secondary"])

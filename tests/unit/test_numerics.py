@@ -6,7 +6,7 @@ from hypothesis import example, given, settings, strategies as st
 
 from deepspeed_zeropp import ops
 from deepspeed_zeropp.formats.dtypes import SUPPORTED_DTYPES
-from deepspeed_zeropp.formats.grouping import MAX_GROUP_SIZE, group_layout
+from deepspeed_zeropp.formats.grouping import MAX_GROUP_SIZE, GatheredLayout, blocks_of, equal_groups, group_layout
 from tests import naive
 
 DTYPES = list(SUPPORTED_DTYPES)
@@ -240,3 +240,35 @@ def test_gathered_blocks_each_with_its_own_short_last_group(blocks, block_numel)
         assert torch.equal(out, reference)
     with pytest.raises(ValueError, match="not blocks of"):
         ops.dequantize(torch.cat([codes, codes[:1]]), scales, block_numel=block_numel, backend="torch")
+    for numel in (codes.numel(), codes.numel() - block_numel // 2):  # a seam's layout, handed in as it is
+        gathered = ops.dequantize_gathered(codes[:numel], scales, blocks_of(block_numel), torch.bfloat16, "torch")
+        assert torch.equal(gathered, expected[:numel])
+    with pytest.raises(ValueError, match="do not fit GatheredLayout"):
+        ops.dequantize_gathered(torch.cat([codes, codes[:1]]), scales, blocks_of(block_numel), backend="torch")
+
+
+def test_dequantize_gathered_passes_its_layout_unchanged(monkeypatch):
+    """ops hands the backend the GatheredLayout it was given (one block: read as equal groups), checked once per
+    call signature; anything but a GatheredLayout of positive ints is refused."""
+    from deepspeed_zeropp.backends import torch_ref
+    parts = [torch.randn(8581, generator=torch.Generator().manual_seed(seed)) for seed in range(2)]
+    quantized = [ops.quantize(p, backend="torch") for p in parts]
+    codes, scales = torch.cat([c for c, _ in quantized]), torch.cat([s for _, s in quantized])
+    seen, real = [], torch_ref.dequantize
+
+    def recording(codes, scales, layout, dtype):
+        seen.append(layout)
+        return real(codes, scales, layout, dtype)
+
+    monkeypatch.setattr(torch_ref, "dequantize", recording)
+    ops.forget_signatures()
+    layout = blocks_of(8581)
+    first = ops.dequantize_gathered(codes, scales, layout, torch.float32, "torch")
+    assert torch.equal(ops.dequantize_gathered(codes, scales, layout, torch.float32, "torch"), first)
+    assert seen == [layout, layout] and seen[0] is layout
+    ops.dequantize_gathered(codes[:8581], scales[:group_layout(8581).groups], layout, torch.float32, "torch")
+    assert seen[-1] == equal_groups(layout.group_size)
+    ops.forget_signatures()
+    for bad in ((layout.group_size, 8581), GatheredLayout(0, None), GatheredLayout(4304.0, 8581), 8581):
+        with pytest.raises(TypeError, match="GatheredLayout of positive ints"):
+            ops.dequantize_gathered(codes, scales, bad, torch.float32, "torch")

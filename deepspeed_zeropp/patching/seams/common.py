@@ -76,7 +76,8 @@ def dtype_scoped(params_of, quantized, layout_of=lambda *a, **k: {}, *, why=None
 
     ``params_of(*args, **kwargs)`` names the parameters the call hands back; ``quantized`` says whether the
     call dequantizes at all (otherwise it runs untouched); ``layout_of`` gives the gathered codes' layout as
-    ``dequant_target`` keywords (``block_numel`` or ``blocks``); ``why``: the factory's docstring."""
+    ``dequant_target`` keywords (``layout``, a ``GatheredLayout``, or ``blocks``); ``why``: the factory's
+    docstring."""
 
     def factory(original):
 

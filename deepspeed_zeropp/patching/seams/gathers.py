@@ -7,6 +7,7 @@ import contextlib
 import torch
 
 from ... import ops
+from ...formats.grouping import blocks_of
 from ..scope import dequant_target
 from .common import bucket_dtype, dtype_scoped, own_dtype, restore_dtypes, stored_quantized, weights_quantized
 
@@ -25,13 +26,14 @@ def _single_layout(handle, *args, **kwargs):
     """The sequential path narrows the gathered buffer to ``ds_numel``, so the per-rank blocks cannot be read off
     the codes (upstream divides by the scale count: scales land on the wrong elements when the partition is
     padded). Each rank quantized the partition it all-gathered: the hpZ secondary one where the parameter has it,
-    as upstream picks it. Packets say so themselves."""
+    as upstream picks it; its numel gives the codes' ``GatheredLayout``, computed here. Packets say so themselves."""
     packets = _packets(getattr(handle, "_AllGatherHandle__handle", None))
     if packets is not None:
         return {"packed": packets}
     param = handle._AllGatherHandle__param
     secondary = getattr(param, "ds_secondary_tensor", None)
-    return {"block_numel": _partition_numel(secondary if secondary is not None else param.ds_tensor)}
+    block_numel = _partition_numel(secondary if secondary is not None else param.ds_tensor)
+    return {"layout": blocks_of(block_numel) if block_numel else None}
 
 
 single_gather = dtype_scoped(lambda handle, *a, **k: [handle._AllGatherHandle__param],
