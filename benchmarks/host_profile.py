@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from deepspeed_zeropp.simulate import model, runner, world  # noqa: E402
+from benchmarks.bench_kernels import commit  # noqa: E402
 
 TOP = 25
 
@@ -82,7 +83,8 @@ def main():
     world.set_link(None)
     lines = [
         f"# Host time per step, by configuration (cProfile; rank 0 of {topology.world_size}, GPT 1.4B, collectives "
-        f"free, {args.steps} steps each)", "", "Milliseconds per step of each area's own function time, under "
+        f"free, {args.steps} steps each)", "", f"Commit {commit()}. Milliseconds per step of each area's own "
+        "function time, under "
         "cProfile (which slows Python calls, so compare rows, not with step times elsewhere). The step waits for the GPU "
         "inside `loss.item()`, counted under built-in / C; the simulated world's process group stands in for NCCL's.",
         "", "| configuration | all | " + " | ".join(AREAS) + " |", "|---|---|" + "---|" * len(AREAS)

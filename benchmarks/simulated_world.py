@@ -142,12 +142,25 @@ def levers(loaded, out):
                     "fetch (3065 -> 2759 per step, 52c7265 -> 1bb32b1).")
     if (out / "host_profile.md").exists():
         rows.append("- Releases after a fetch go straight to DeepSpeed's `_partition_param` (no rank lookup, no "
-                    "padding check): the package's largest host work in `host_profile.md` (95 ms per step under "
-                    "cProfile, at 23003ad, before the change); `n8_free` measured after it (c35c9a5), where "
-                    "step-time differences stay inside the spread of this shared host.")
+                    "padding check): the package's largest host work before (95 ms per step under cProfile at "
+                    "23003ad); all of the package's own functions now take 25 ms per step under cProfile "
+                    "(`host_profile.md`, 373133f), where ours qwZ's whole step (980 ms) is below upstream's (998 ms) "
+                    "and 177 ms above unquantized (803 ms): the rest of that difference is DeepSpeed's own "
+                    "quantized-fetch code and torch's dispatch of the quantize and dequantize tensors.")
+    rows.append("- The CUDA extension's native call-signature tables (a C lookup before `ops`' Python one) were "
+                "dropped: ZeRO-3's quantized fetches take the packet entry points, which never reached them, so "
+                "`n8_free`'s launches and collectives are unchanged (2759 and 543 per step, c35c9a5 and 373133f).")
     if (out / "qgz_batching.md").exists():
         rows.append("- qgZ's shared all-to-alls (one per batch of gradients, not per gradient): measured alone in "
                     "`qgz_batching.md` (host work and launches, one rank).")
+    rows += [
+        "", "Step times on this shared host vary by about 20% from one step to the next, within one engine and one "
+        "configuration, so three repetitions cannot place a ratio within 3% (the step-time targets below): "
+        "`n8_free` at c35c9a5 gave ours qwZ 1.05x (0.80-1.18) unquantized's speed, at 373133f 0.81x (0.72-0.82), "
+        "with the same launches and collectives; at 373133f, 7 of the 12 engine blocks stepped faster over modelled "
+        "NVLink (which only adds delays) than with collectives free just before. The launch, collective and host-profile figures are the "
+        "ones that do not move between runs."
+    ]
     rows.append("")
     return rows
 
