@@ -131,7 +131,7 @@ def checks(backend="auto"):
         yield PROBLEM, f"--backend {backend!r} is not a backend; choose one of {', '.join(BACKENDS)}"
         return
     import deepspeed_zeropp
-    from .patching.apply import is_patched
+    from .patching.installed import is_patched
     was_patched = is_patched()
     try:
         report = deepspeed_zeropp.patch(backend=backend, strict=False)

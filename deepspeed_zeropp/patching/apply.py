@@ -7,12 +7,12 @@ from typing import List, NamedTuple
 from packaging.version import Version
 
 from .. import backends
+from .installed import replaced as _originals
 from .seams.common import MARKER, mark
 from .sites import NEWEST_KNOWN, OLDEST_SUPPORTED, SITES
 
 logger = logging.getLogger("deepspeed_zeropp")
 _MISSING = object()
-_originals = {}  # site name -> (owner class or module, attr, its __dict__ value before patching, or _MISSING)
 
 
 class PatchError(RuntimeError):
@@ -129,11 +129,6 @@ def _site_report(site, version, version_string, exclude, strict, replaced):
         raise PatchError(message)
     warnings.warn(message)
     return SiteReport(site.name, "missing (not patched)")
-
-
-def is_patched(name=None):
-    """Whether the site ``name`` (``Site.name``) is patched now; without a name, whether any site is."""
-    return bool(_originals) if name is None else name in _originals
 
 
 def _restore(name):

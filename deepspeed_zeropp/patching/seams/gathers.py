@@ -8,6 +8,7 @@ import torch
 
 from ... import ops
 from ...formats.grouping import blocks_of
+from ..installed import is_patched
 from ..scope import dequant_target
 from .common import bucket_dtype, dtype_scoped, own_dtype, restore_dtypes, stored_quantized, weights_quantized
 
@@ -134,8 +135,7 @@ def _packets(work):
 
 
 def _readers_patched():
-    from .. import apply  # the seams are built by apply; imported when first needed
-    return all(apply.is_patched(name) for name in READERS)
+    return all(is_patched(name) for name in READERS)
 
 
 FETCH_SITE = "partition_parameters._dist_allgather_fn"  # its row in patching/sites.py
@@ -144,8 +144,7 @@ FETCH_SITE = "partition_parameters._dist_allgather_fn"  # its row in patching/si
 def sends_packets():
     """Whether this process sends quantized fetches as packets (the fetch seam and both readers patched): every
     rank of a job must answer the same (the agreement check compares it)."""
-    from .. import apply
-    return apply.is_patched(FETCH_SITE) and _readers_patched()
+    return is_patched(FETCH_SITE) and _readers_patched()
 
 
 def _alias(unused, received):
