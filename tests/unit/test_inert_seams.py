@@ -111,3 +111,24 @@ def test_init_coalesced_gather_splits_lists_only_when_quantizing(quantized):
     gathers.init_gather_coalesced(original)(init(quantized), params)
     expected = [[id(p)] for p in params] if quantized else [[id(p) for p in params]]
     assert calls == expected
+
+
+def test_init_coalesced_gather_keeps_cuda_lists_of_one_group_whole():
+    """CUDA partitions of one group complete in launch order and every call ends in a device synchronization: such
+    a list stays one call (one synchronization, not one per parameter); a list spanning two groups is split."""
+    calls = []
+
+    def original(init, params, hierarchy=0, quantize=False):
+        calls.append(len(params))
+
+    params = [zero_param(4, torch.zeros(2)) for _ in range(3)]
+    for param in params:
+        param.ds_tensor = types.SimpleNamespace(device=torch.device("cuda", 0), ds_numel=2)
+    one_group = init(quantized=True)
+    gathers.init_gather_coalesced(original)(one_group, params)
+    assert calls == [3]
+    calls.clear()
+    two_groups = init(quantized=True)
+    two_groups.get_partition_dp_group = lambda param: "first" if param is params[0] else "second"
+    gathers.init_gather_coalesced(original)(two_groups, params)
+    assert calls == [1, 1, 1]

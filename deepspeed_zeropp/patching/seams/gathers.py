@@ -225,6 +225,16 @@ def _init_coalesced_quantized(init, params, hierarchy=0, quantize=False):
     return bool(quantize) and len(params) > 0
 
 
+def _completes_in_order(init, params):
+    """Whether waiting on a list's last all-gather covers the list's earlier ones: CUDA partitions of one partition
+    group are all-gathered on that group's one communicator stream, in launch order (and DeepSpeed synchronizes the
+    device when the call ends). Gloo, for CPU partitions, completes each all-gather on its own."""
+    group = init.get_partition_dp_group(params[0])
+    return all(
+        getattr(p.ds_tensor, "device", None) is not None and p.ds_tensor.device.type == "cuda"
+        and init.get_partition_dp_group(p) is group for p in params)
+
+
 def init_gather_coalesced(original):
     """Why this seam: Init's own coalesced all-gather (GatheredParameters with hierarchy) dequantizes each parameter
     without a dtype before 0.19.6, and up to 0.19.5 reads every buffer of its list after waiting on the last all-
@@ -235,12 +245,14 @@ def init_gather_coalesced(original):
     gathered one parameter per call: up to 0.19.5 the method waits on its last parameter's all-gather only
     before reading every buffer, and gloo completes the others in any order, so their values or codes may still be
     arriving (garbage, which GatheredParameters(modifier_rank=...), as in save_16bit_model, writes back into the
-    partitions). With one parameter, its one all-gather is the one waited on. Without a ZeRO++ flag the original
-    runs untouched, as stock."""
+    partitions). With one parameter, its one all-gather is the one waited on. Lists whose all-gathers complete in
+    launch order (CUDA, one group) stay one call: each call ends in a device synchronization, so splitting the
+    persistent parameters' gather after every step cost a ZeRO-3 step on CUDA one host stall per parameter.
+    Without a ZeRO++ flag the original runs untouched, as stock."""
     gather = dtype_scoped(lambda init, params, *a, **k: params, _init_coalesced_quantized, _init_layout)(original)
 
     def wrapper(init, params, *args, **kwargs):
-        if len(params) < 2 or not weights_quantized(init):
+        if len(params) < 2 or not weights_quantized(init) or _completes_in_order(init, params):
             return gather(init, params, *args, **kwargs)
         for param in params:
             gather(init, [param], *args, **kwargs)
