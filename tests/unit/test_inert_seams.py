@@ -113,22 +113,24 @@ def test_init_coalesced_gather_splits_lists_only_when_quantizing(quantized):
     assert calls == expected
 
 
-def test_init_coalesced_gather_keeps_cuda_lists_of_one_group_whole():
-    """CUDA partitions of one group complete in launch order and every call ends in a device synchronization: such
-    a list stays one call (one synchronization, not one per parameter); a list spanning two groups is split."""
-    calls = []
+def test_init_coalesced_gather_keeps_in_order_lists_whole(monkeypatch):
+    """NCCL completes one group's all-gathers in launch order and every call ends in a device synchronization: such
+    a list stays one call (one synchronization, not one per parameter); gloo, or two groups, split it."""
+    calls, backends = [], {"first": "nccl", "second": "nccl", "cpu": "gloo"}
+    monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None: backends[group])
 
     def original(init, params, hierarchy=0, quantize=False):
         calls.append(len(params))
 
     params = [zero_param(4, torch.zeros(2)) for _ in range(3)]
-    for param in params:
-        param.ds_tensor = types.SimpleNamespace(device=torch.device("cuda", 0), ds_numel=2)
-    one_group = init(quantized=True)
-    gathers.init_gather_coalesced(original)(one_group, params)
-    assert calls == [3]
+    for groups, expected in (({}, [3]), ({id(params[0]): "second"}, [1, 1, 1])):
+        quantizing = init(quantized=True)
+        quantizing.get_partition_dp_group = lambda param, groups=groups: groups.get(id(param), "first")
+        calls.clear()
+        gathers.init_gather_coalesced(original)(quantizing, params)
+        assert calls == expected
+    gloo = init(quantized=True)
+    gloo.get_partition_dp_group = lambda param: "cpu"
     calls.clear()
-    two_groups = init(quantized=True)
-    two_groups.get_partition_dp_group = lambda param: "first" if param is params[0] else "second"
-    gathers.init_gather_coalesced(original)(two_groups, params)
+    gathers.init_gather_coalesced(original)(gloo, params)
     assert calls == [1, 1, 1]

@@ -225,14 +225,22 @@ def _init_coalesced_quantized(init, params, hierarchy=0, quantize=False):
     return bool(quantize) and len(params) > 0
 
 
+# Process-group backends whose collectives on one group complete in launch order (one stream per communicator);
+# the simulated world (simulate/world.py) adds its own, which queues each group's collectives on one stream too.
+IN_ORDER_BACKENDS = {"nccl"}
+
+
 def _completes_in_order(init, params):
-    """Whether waiting on a list's last all-gather covers the list's earlier ones: CUDA partitions of one partition
-    group are all-gathered on that group's one communicator stream, in launch order (and DeepSpeed synchronizes the
-    device when the call ends). Gloo, for CPU partitions, completes each all-gather on its own."""
+    """Whether waiting on a list's last all-gather covers the list's earlier ones: every parameter in one partition
+    group of an in-order backend (NCCL: one communicator stream; DeepSpeed then also synchronizes the device when
+    the call ends). Gloo completes each all-gather on its own, also for CUDA tensors."""
     group = init.get_partition_dp_group(params[0])
-    return all(
-        getattr(p.ds_tensor, "device", None) is not None and p.ds_tensor.device.type == "cuda"
-        and init.get_partition_dp_group(p) is group for p in params)
+    if any(init.get_partition_dp_group(p) is not group for p in params):
+        return False
+    try:
+        return torch.distributed.get_backend(group) in IN_ORDER_BACKENDS
+    except (RuntimeError, ValueError):  # a group torch does not know: split, as for gloo
+        return False
 
 
 def init_gather_coalesced(original):
@@ -246,8 +254,8 @@ def init_gather_coalesced(original):
     before reading every buffer, and gloo completes the others in any order, so their values or codes may still be
     arriving (garbage, which GatheredParameters(modifier_rank=...), as in save_16bit_model, writes back into the
     partitions). With one parameter, its one all-gather is the one waited on. Lists whose all-gathers complete in
-    launch order (CUDA, one group) stay one call: each call ends in a device synchronization, so splitting the
-    persistent parameters' gather after every step cost a ZeRO-3 step on CUDA one host stall per parameter.
+    launch order (NCCL, one group) stay one call: each call ends in a device synchronization, so splitting the
+    persistent parameters' gather after every step cost each ZeRO-3 step one host stall per parameter.
     Without a ZeRO++ flag the original runs untouched, as stock."""
     gather = dtype_scoped(lambda init, params, *a, **k: params, _init_coalesced_quantized, _init_layout)(original)
 
