@@ -81,7 +81,8 @@ def render(out):
         "within each repetition, *(noise)* where its min-max spans 1. Host CPU time counts the wait for the GPU as "
         "busy (CUDA synchronisation spins), so it equals the step time when the GPU bounds the step too. Launches: "
         "GPU kernels per step (a simulated collective is one copy kernel, as an NCCL collective is one kernel). "
-        "Collectives and MiB are per step; MiB are what this rank sends under the ring algorithm "
+        "Host waits: the CUDA runtime's synchronize calls per step, each a stall of the host until the GPU has caught "
+        "up (- where a run was not profiled). Collectives and MiB are per step; MiB are what this rank sends under the ring algorithm "
         "(`deepspeed_zeropp/simulate/link.py`).", ""
     ]
     for name, results in loaded.items():
@@ -94,7 +95,8 @@ def render(out):
             f"{results['settings']['micro_batch']} x {results['shape']['seq']} tokens, bf16; "
             f"{len(results['reps'])} repetitions of {results['settings']['steps']} timed steps per link. Checks: " +
             ("every run: no skipped step, finite losses, its quantized paths ran."
-             if not report.problems(results) else "FAILED: " + "; ".join(report.problems(results))), ""
+             if not report.problems(results) else "FAILED: " + "; ".join(report.problems(results))) +
+            (f" GPU kernel ms and launches: {results['profile']}." if results.get("profile") else ""), ""
         ]
         for link, description in results["links"].items():
             lines += [f"**{link}** ({description})", "", report.markdown_table(table, ratios, link), ""]

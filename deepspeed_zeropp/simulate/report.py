@@ -28,6 +28,7 @@ def summary(results):
                 "modelled_link_ms_per_step": first["by_link"][link]["modelled_link_ms"],
                 "kernel_ms_per_step": once.get("kernel_ms_per_step"),
                 "kernel_launches_per_step": once.get("kernel_launches_per_step"),
+                "host_waits_per_step": once.get("host_waits_per_step"),
                 "peak_memory_gb": max((r.get("peak_memory_gb") or 0 for r in runs), default=None) or None,
                 "build_s": once.get("build_s"),
             }
@@ -74,7 +75,8 @@ def recommend(table, link):
 def markdown_table(table, ratios, link):
     lines = [
         "| configuration | step ms (median, low-high) | vs unquantized | vs upstream | host CPU ms | GPU kernel ms "
-        "| launches | collectives | MiB sent intra / inter | peak GiB |", "|---|---|---|---|---|---|---|---|---|---|"
+        "| launches | host waits | collectives | MiB sent intra / inter | peak GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|"
     ]
     for key, row in table[link].items():
         step = row["step_ms"]
@@ -89,6 +91,7 @@ def markdown_table(table, ratios, link):
             f"| {row['label']} | {step['median']:.0f} ({step['low']:.0f}-{step['high']:.0f}) | "
             f"{_ratio(vs_unq)} | {_ratio(vs_up)} | {row['cpu_ms']['median']:.0f} | "
             f"{fmt(row['kernel_ms_per_step'])} | {fmt(row['kernel_launches_per_step'])} | "
+            f"{fmt(row.get('host_waits_per_step'))} | "
             f"{sum(row['collectives_per_step'].values()):.0f} | "
             f"{wire.get('intra', 0):.0f} / {wire.get('inter', 0):.0f} | {fmt(row['peak_memory_gb'], '.1f')} |")
     return "\n".join(lines)

@@ -157,7 +157,8 @@ def step(engine, shape, micro_batch, index):
 
 
 def profiled(engine, shape, micro_batch, first, steps=2):
-    """GPU kernel time and kernel launches per step, over ``steps`` profiled steps (not the timed ones)."""
+    """GPU kernel time, kernel launches and host waits for the GPU (the CUDA runtime's synchronize calls: each
+    stalls the host until the GPU catches up) per step, over ``steps`` profiled steps (not the timed ones)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -167,10 +168,15 @@ def profiled(engine, shape, micro_batch, first, steps=2):
         e for e in prof.events()
         if e.device_type == DeviceType.CUDA and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()
     ]
+    waits = [e for e in prof.events() if e.device_type == DeviceType.CPU and e.name in SYNCHRONIZE_CALLS]
     return {
         "kernel_ms_per_step": sum(e.device_time_total for e in kernels) / 1e3 / steps,
         "kernel_launches_per_step": len(kernels) / steps,
+        "host_waits_per_step": len(waits) / steps,
     }
+
+
+SYNCHRONIZE_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
 
 
 def counted(steps):
