@@ -11,6 +11,7 @@ Each setting writes ``simulated_NAME.json`` (every figure, the commit measured) 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ SETTINGS = {  # name -> (what it shows, the simulate command's arguments)
     "n8_free": ("1.4B GPT, one node of 8, collectives free (what each path costs the host and the GPU) and over "
                 "modelled NVLink",
                 "--model gpt-1.4b --gpus-per-node 8 --nodes 1 --free --inter-gbps 100 --configs unquantized ours-qwz "
-                "ours-qwz-two-gathers upstream-qwz --reps 3 --steps 10 --warmup 2"),
+                "ours-qwz-two-gathers upstream-qwz --reps 8 --steps 3 --warmup 2"),
     "n16_free": ("1.4B GPT, 2 nodes of 8, collectives free",
                  "--model gpt-1.4b --gpus-per-node 8 --nodes 2 --free --inter-gbps --configs unquantized ours-qwz-qgz "
                  "upstream-qwz-qgz --reps 3 --steps 10 --warmup 1"),
@@ -135,7 +136,7 @@ def levers(loaded, out):
             f"`_dist_allgather_fn`), `n8_free`: collectives per step "
             f"{sum(two['collectives_per_step'].values()):.0f} -> {sum(one['collectives_per_step'].values()):.0f}"
             f", kernel launches {two['kernel_launches_per_step']:.0f} -> {one['kernel_launches_per_step']:.0f}"
-            f", speed-up {min(values):.2f}-{max(values):.2f}x (median {sorted(values)[1]:.2f}x): "
+            f", speed-up {min(values):.2f}-{max(values):.2f}x (median {statistics.median(values):.2f}x): "
             f"within noise where collectives are free; its worth is a latency per fetch on a real link.")
     if (out / "packets.md").exists():
         rows.append("- The CUDA backend's packet entry points (quantize into the packet, dequantize the gathered "
