@@ -153,16 +153,26 @@ def levers(loaded, out):
     rows.append("- The CUDA extension's native call-signature tables (a C lookup before `ops`' Python one) were "
                 "dropped: ZeRO-3's quantized fetches take the packet entry points, which never reached them, so "
                 "`n8_free`'s launches and collectives are unchanged (2759 and 543 per step, c35c9a5 and 373133f).")
+    rows.append("- Init's coalesced gather kept whole on NCCL (and the simulated world): a quantized job's seam had "
+                "split every list into one call per parameter (needed where gloo completes all-gathers out of "
+                "order), and DeepSpeed ends each call with a device synchronization, so the persistent parameters' "
+                "gather after every step stalled the host once per parameter: 196 synchronize calls per step of "
+                "ours qwZ against 4 unquantized (CUDA runtime calls under torch.profiler, 0e95f3e); host waits per "
+                "step now 10 for every configuration (`n8_free`, db1300f). Most of them fall where the step's "
+                "`loss.item()` waits for the GPU anyway, so the step time shows little of it here (about 3 ms per "
+                "step of runtime calls); a loop that does not wait each step kept the stalls.")
     if (out / "qgz_batching.md").exists():
         rows.append("- qgZ's shared all-to-alls (one per batch of gradients, not per gradient): measured alone in "
                     "`qgz_batching.md` (host work and launches, one rank).")
     rows += [
         "", "Step times on this shared host vary by about 20% from one step to the next, within one engine and one "
-        "configuration, so three repetitions cannot place a ratio within 3% (the step-time targets below): "
-        "`n8_free` at c35c9a5 gave ours qwZ 1.05x (0.80-1.18) unquantized's speed, at 373133f 0.81x (0.72-0.82), "
-        "with the same launches and collectives; at 373133f, 7 of the 12 engine blocks stepped faster over modelled "
-        "NVLink (which only adds delays) than with collectives free just before. The launch, collective and host-profile figures are the "
-        "ones that do not move between runs."
+        "configuration, so repetitions cannot place a ratio within 3% (the step-time targets below): `n8_free` at "
+        "c35c9a5 (3 repetitions of 10 steps) gave ours qwZ 1.05x (0.80-1.18) unquantized's speed, at 373133f 0.81x "
+        "(0.72-0.82), at db1300f (8 repetitions of 3 steps) 0.87x (0.63-1.32), with the same launches, host waits "
+        "and collectives. Stepped one step at a time (A B C D, 10 rounds, 0e95f3e; a one-off script, not kept), ours qwZ's median step was "
+        "517 ms against unquantized's 523 and upstream's 525 (per-round speed-up median 0.95x, quartiles "
+        "0.92-1.10). The launch, host-wait, collective and host-profile figures are the ones that do not move "
+        "between runs."
     ]
     rows.append("")
     return rows
