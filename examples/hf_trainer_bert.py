@@ -86,6 +86,10 @@ def main():
     }
     if int(os.environ.get("RANK", "0")) == 0:
         print("RESULT " + json.dumps(result), flush=True)
+    # End the process group before the interpreter does: its communication threads, left to interpreter teardown,
+    # have aborted the process on exit ("terminate called without an active exception") after all work was done.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
