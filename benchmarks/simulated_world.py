@@ -153,14 +153,15 @@ def levers(loaded, out):
     rows.append("- The CUDA extension's native call-signature tables (a C lookup before `ops`' Python one) were "
                 "dropped: ZeRO-3's quantized fetches take the packet entry points, which never reached them, so "
                 "`n8_free`'s launches and collectives are unchanged (2759 and 543 per step, c35c9a5 and 373133f).")
-    rows.append("- Init's coalesced gather kept whole on NCCL (and the simulated world): a quantized job's seam had "
-                "split every list into one call per parameter (needed where gloo completes all-gathers out of "
-                "order), and DeepSpeed ends each call with a device synchronization, so the persistent parameters' "
-                "gather after every step stalled the host once per parameter: 196 synchronize calls per step of "
-                "ours qwZ against 4 unquantized (CUDA runtime calls under torch.profiler, 0e95f3e); host waits per "
-                "step now 10 for every configuration (`n8_free`, db1300f). Most of them fall where the step's "
-                "`loss.item()` waits for the GPU anyway, so the step time shows little of it here (about 3 ms per "
-                "step of runtime calls); a loop that does not wait each step kept the stalls.")
+    rows.append(
+        "- Init's coalesced gather kept whole on NCCL (and the simulated world): a quantized job's seam had "
+        "split every list into one call per parameter (needed where gloo completes all-gathers out of "
+        "order), and DeepSpeed ends each call with a device synchronization, so the persistent parameters' "
+        "gather after every step stalled the host once per parameter: 196 cudaDeviceSynchronize calls per "
+        "step of ours qwZ against 4 unquantized (CUDA runtime calls under torch.profiler, 0e95f3e); host "
+        "waits per step (device, stream and event synchronizations) now 10 for every configuration (`n8_free`, db1300f). Most of them fall where the step's "
+        "`loss.item()` waits for the GPU anyway, so the step time shows little of it here (about 3 ms per "
+        "step of runtime calls); a loop that does not wait each step kept the stalls.")
     if (out / "qgz_batching.md").exists():
         rows.append("- qgZ's shared all-to-alls (one per batch of gradients, not per gradient): measured alone in "
                     "`qgz_batching.md` (host work and launches, one rank).")
