@@ -1,18 +1,15 @@
-"""Packaging for deepspeed_zeropp: the package, its CUDA sources, and the .pth file for DEEPSPEED_ZEROPP=1."""
+"""Build steps of deepspeed_zeropp that pyproject.toml (metadata, requirements, entry points) cannot declare: csrc/
+shipped inside the package, and deepspeed_zeropp.pth (DEEPSPEED_ZEROPP=1) at the site-packages root, for regular
+installs (``pip install .``), PEP 660 editable installs (``pip install -e .``) and legacy ``setup.py develop``."""
 import os
 import shutil
 
-from setuptools import find_packages, setup
+from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.command.develop import develop
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PTH = "deepspeed_zeropp.pth"
-
-
-def requirements(name):
-    with open(os.path.join(HERE, "requirements", name)) as f:
-        return [line.strip() for line in f if line.strip() and not line.startswith("#")]
 
 
 class BuildPyWithExtras(build_py):
@@ -53,21 +50,4 @@ else:
 
     COMMANDS["editable_wheel"] = EditableWheelWithPth
 
-setup(
-    name="deepspeed_zeropp",
-    version="0.1.0",
-    description="ZeRO-3 quantized weights (ZeRO++) that keep every parameter's dtype, on every DeepSpeed release",
-    long_description=open(os.path.join(HERE, "README.md")).read() if os.path.exists("README.md") else "",
-    long_description_content_type="text/markdown",
-    packages=find_packages(include=["deepspeed_zeropp", "deepspeed_zeropp.*"]),
-    python_requires=">=3.9",
-    install_requires=requirements("runtime.txt"),
-    extras_require={
-        "deepspeed": requirements("deepspeed.txt"),
-        "demo": requirements("deepspeed.txt") + requirements("demo.txt"),  # python -m deepspeed_zeropp demo
-        "dev": requirements("dev.txt")
-    },
-    entry_points={"console_scripts": ["deepspeed-zeropp=deepspeed_zeropp.cli:main"]},
-    cmdclass=COMMANDS,
-    license="Apache-2.0",
-)
+setup(cmdclass=COMMANDS)

@@ -8,7 +8,8 @@ import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ("setup.py", "README.md", "MANIFEST.in", "deepspeed_zeropp.pth", "requirements", "csrc", "deepspeed_zeropp")
+SHIPPED = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "MANIFEST.in", "deepspeed_zeropp.pth", "requirements",
+           "csrc", "deepspeed_zeropp")
 
 
 def test_regular_and_editable_installs_ship_the_pth(tmp_path):
