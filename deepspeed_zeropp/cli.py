@@ -18,9 +18,10 @@ def main(argv=None):
     demo.add_argument("--device", choices=["auto", "cpu", "cuda-shared"], default="auto")
     simulate = commands.add_parser("simulate",
                                    help="ZeRO-3 step time of each ZeRO++ configuration on a cluster you describe, "
-                                   "measured as rank 0 of it on this GPU")
-    from .simulate import command as simulate_command
-    simulate_command.add_arguments(simulate)
+                                   "measured as rank 0 of it on this GPU; --search: the fastest zero_optimization "
+                                   "block")
+    from .simulate import arguments as simulate_arguments, command as simulate_command
+    simulate_arguments.add_arguments(simulate)
     args = parser.parse_args(argv)
     if args.command == "doctor":
         from .doctor import run

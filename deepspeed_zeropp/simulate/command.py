@@ -1,54 +1,25 @@
-"""``python -m deepspeed_zeropp simulate``: does ZeRO++ pay off on my cluster? One GPU runs rank 0 of the job the
-user describes (model shape, GPUs per node, nodes, link speeds), every ZeRO++ configuration side by side, and the
-step time of each is printed with the flags of the fastest."""
+"""``python -m deepspeed_zeropp simulate``: does ZeRO++ pay off on my cluster, and with which settings? One GPU runs
+rank 0 of the job the user describes (model shape or ``--deepspeed-config``, GPUs per node, nodes, link speeds).
+
+Without ``--search``: every ZeRO++ configuration side by side at one set of zero_optimization sizes (the user's
+config's, else the HF Trainer's "auto" ones), the step time of each printed with the flags of the fastest; scripts
+(benchmarks/simulated_world.py) run this. With ``--search``: the sizes of each configuration and of unquantized
+ZeRO-3 are searched (search.py) within ``--budget-minutes``, and the fastest whole ``zero_optimization`` block that
+fits the GPU's memory is printed, with its speed-up against unquantized ZeRO-3 at the user's sizes and at tuned ones.
+Every argument is checked before anything is built (arguments.py)."""
 import json
 import os
 import sys
 import time
 
-MODEL_FLAGS = ("layers", "width", "heads", "vocab", "seq")
+from . import arguments
 
 
-def add_arguments(parser):
-    from .model import SHAPES
-    from .runner import CONFIGS
-    parser.add_argument("--model", choices=sorted(SHAPES), default="gpt-1.4b", help="a named GPT shape")
-    for flag in MODEL_FLAGS:
-        parser.add_argument(f"--{flag}", type=int, help=f"GPT {flag} (overrides --model's)")
-    parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--nodes", type=int, default=2)
-    parser.add_argument("--inter-gbps",
-                        type=float,
-                        nargs="*",
-                        default=[100.0],
-                        help="inter-node bandwidth per GPU (its own NIC), Gbit/s; several values: one run each")
-    parser.add_argument("--inter-alpha-us", type=float, default=8.0, help="inter-node latency per ring hop, us")
-    parser.add_argument("--intra-gbps", type=float, help="intra-node (NVLink) bandwidth per GPU, Gbit/s")
-    parser.add_argument("--free", action="store_true", help="also measure with collectives free (host work only)")
-    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
-    parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per link and repetition")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--micro-batch", type=int, default=4)
-    parser.add_argument("--reuse-distance", type=int, help="DeepSpeed's stage3_max_reuse_distance")
-    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    parser.add_argument("--no-profile", action="store_true", help="skip the profiled steps (kernel time, launches)")
-    parser.add_argument("--json", help="also write every figure to this file (after every repetition)")
-
-
-def plan_from(args):
-    import torch
-    from . import link as links, model, runner, world
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    base = model.SHAPES[args.model]
-    shape = base._replace(**{f: getattr(args, f) for f in MODEL_FLAGS if getattr(args, f) is not None})
+def plan_from(args, checked):
+    """The runs to make, from arguments ``arguments.check`` has accepted."""
+    from . import link as links, runner, world
     topology = world.Topology(args.gpus_per_node * args.nodes, args.gpus_per_node)
-    topology.check()
-    if device == "cuda" and not args.free and not args.inter_gbps:
-        raise ValueError("nothing to measure: give --inter-gbps (one or more link speeds) or --free")
-    bad = [g for g in args.inter_gbps + [args.intra_gbps or 1] if g <= 0]
-    if bad:
-        raise ValueError(f"link speeds must be positive Gbit/s, got {bad}")
+    device = checked.device
     intra = links.NVLINK if args.intra_gbps is None else links.LinkClass(links.NVLINK.alpha_us, args.intra_gbps)
     named = {"free": None} if args.free or device == "cpu" else {}
     if device == "cuda" and topology.nodes == 1 and args.inter_gbps:  # one node: only NVLink is ever crossed
@@ -60,17 +31,18 @@ def plan_from(args):
     elif args.inter_gbps and not args.free:
         print("[simulate] no CUDA device: link times are modelled on a GPU's timeline only; measuring the free "
               "link (the host's work) instead")
-    return runner.Plan(shape,
+    return runner.Plan(checked.shape,
                        topology,
                        named,
-                       tuple(args.configs),
+                       checked.keys,
                        reps=args.reps,
                        steps=args.steps,
                        warmup=args.warmup,
-                       micro_batch=args.micro_batch,
+                       micro_batch=checked.micro_batch,
                        device=device,
-                       profile=not args.no_profile,
-                       reuse_distance=args.reuse_distance), device
+                       profile=not args.no_profile and not args.search,
+                       reuse_distance=args.reuse_distance,
+                       buckets=checked.user.buckets if checked.user else None)
 
 
 def run(args):
@@ -78,20 +50,28 @@ def run(args):
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from . import report, runner, world
     try:
-        plan, device = plan_from(args)
-    except ValueError as error:
+        checked = arguments.check(args, _has_cuda)
+    except arguments.ArgumentError as error:
         print(f"[simulate] error: {error}")
         return 2
+    plan = plan_from(args, checked)
+    device = plan.device
     started = time.monotonic()
     print(
         f"[simulate] rank 0 of {plan.topology.world_size} ({plan.topology.nodes} nodes x "
         f"{plan.topology.gpus_per_node} GPUs) on {device}: GPT {plan.shape.layers} x {plan.shape.width}, "
         f"{plan.shape.parameters / 1e9:.2f}B parameters; links: {', '.join(plan.links)}",
         flush=True)
+    if checked.user:
+        print(f"[simulate] baseline: {checked.user.path}'s zero_optimization sizes "
+              f"{json.dumps(checked.user.buckets)}, micro-batch {plan.micro_batch}")
     world.install(plan.topology.world_size, plan.topology.gpus_per_node, device)
 
     def progress(message):
         print(f"[simulate {time.monotonic() - started:5.0f} s] {message}", flush=True)
+
+    if args.search:
+        return searched(args, checked, plan, progress, started)
 
     def write(results):
         if args.json:
@@ -119,6 +99,34 @@ def run(args):
     return 0
 
 
+def searched(args, checked, plan, progress, started):
+    """--search: the sizes of every configuration searched, the fastest block printed (search.py)."""
+    from . import runner, search, trials
+    keys, left_out = runner.available(plan.keys, plan.topology, plan.device, plan.shape, plan.reuse())
+    for reason in left_out.items():
+        print("[simulate] left out: %s (%s)" % reason)
+    start = plan.buckets if plan.buckets is not None else search.configs.hf_auto(plan.shape.width)
+    outcome = search.search(keys,
+                            start,
+                            checked.grid,
+                            list(plan.links),
+                            trials.measurer(plan, progress),
+                            budget_s=args.budget_minutes * 60,
+                            memory_gb=checked.memory_gb,
+                            progress=progress)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(search.to_json(outcome), f, indent=1)
+    for name, link in plan.links.items():
+        print(f"\n[simulate] {name}: {link.describe() if link else 'collectives cost only their copies'}")
+    print(search.render(outcome, plan.topology.gpus_per_node, checked.memory_gb, checked.user))
+    if any(answer.results[answer.best].problems for answer in outcome.answers):
+        print("\n[simulate] NOT VALID: no configuration ran cleanly (see excluded above)")
+        return 1
+    print(f"[simulate] {time.monotonic() - started:.0f} s in all")
+    return 0
+
+
 def _has_cuda():
     import torch
     return torch.cuda.is_available()
@@ -127,5 +135,5 @@ def _has_cuda():
 if __name__ == "__main__":
     import argparse
     parser = argparse.ArgumentParser()
-    add_arguments(parser)
+    arguments.add_arguments(parser)
     sys.exit(run(parser.parse_args()))

@@ -15,7 +15,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ..patching.seams.gathers import FETCH_SITE as PACKET_SITE  # one all-gather per quantized fetch
-from . import model as models, world
+from . import config as configs, model as models, world
 
 QWZ = {"zero_quantized_weights": True}
 QGZ = {"zero_quantized_weights": True, "zero_quantized_gradients": True}
@@ -46,14 +46,25 @@ UPSTREAM_OF = {  # ours -> upstream's same configuration
     for key in CONFIGS if key.startswith("ours") and key.replace("ours", "upstream") in CONFIGS
 }
 
+DEEPSPEED_REUSE_DISTANCE = 10**9  # stage3_max_reuse_distance unless a config sets it
 
-def available(keys, topology, device):
-    """The configurations of ``keys`` this world can run, and why each other one is left out."""
+
+def available(keys, topology, device, shape=None, reuse_distance=None):
+    """The configurations of ``keys`` this world can run, and why each other one is left out.
+
+    hpZ is left out where its node-local copy would never be read: DeepSpeed keeps a weight gathered from forward to
+    backward when its next use comes within ``reuse_distance`` parameters, and no use is further away than forward
+    and backward over every weight (2 x the model's parameters)."""
     kept, left_out = [], {}
+    reuse = DEEPSPEED_REUSE_DISTANCE if reuse_distance is None else reuse_distance
     for key in keys:
         config = CONFIGS[key]
         if config.multi_node and topology.nodes < 2:
             left_out[key] = "needs 2 or more nodes"
+        elif config.zero.get("hpz") and shape is not None and 2 * shape.parameters < reuse:
+            left_out[key] = (f"hpZ's node-local copy would never be read: stage3_max_reuse_distance {reuse:.3g} "
+                             f"exceeds 2 x this model's {shape.parameters / 1e9:.3g}B parameters, so DeepSpeed "
+                             "keeps every weight gathered from forward to backward; --reuse-distance 0 measures hpZ")
         elif device == "cpu" and config.zero and not config.patched:
             left_out[key] = "DeepSpeed's quantizer op needs CUDA"
         else:
@@ -61,23 +72,18 @@ def available(keys, topology, device):
     return kept, left_out
 
 
-def ds_config(config, shape, topology, micro_batch, dtype, reuse_distance=None):
-    """The user's DeepSpeed config for this model: the HF Trainer's "auto" bucket sizes for its width.
+def ds_config(config, shape, topology, micro_batch, dtype, reuse_distance=None, buckets=None):
+    """The user's DeepSpeed config for this model: ``buckets`` (zero_optimization sizes: the user's config's, or a
+    search's candidate; keys left out take DeepSpeed's defaults), or else the HF Trainer's "auto" sizes for its
+    width. hpZ's partition is GPUs per node unless ``buckets`` names one.
 
     ``reuse_distance``: DeepSpeed's ``stage3_max_reuse_distance`` (its default, 1e9 parameters, keeps a small model's
     weights gathered from forward to backward, so hpZ's node-local re-fetch never runs; 0 releases every one)."""
-    zero = {
-        "stage": 3,
-        "reduce_bucket_size": shape.width**2,
-        "stage3_prefetch_bucket_size": int(0.9 * shape.width**2),
-        "stage3_param_persistence_threshold": 10 * shape.width,
-        **{
-            k: v
-            for k, v in config.zero.items() if k != "hpz"
-        },
-    }
+    sizes = configs.hf_auto(shape.width) if buckets is None else dict(buckets)
+    zero = {"stage": 3, **{k: v for k, v in config.zero.items() if k != "hpz"}}
     if config.zero.get("hpz"):
-        zero["zero_hpz_partition_size"] = topology.gpus_per_node
+        zero[configs.HPZ] = topology.gpus_per_node
+    zero.update({k: v for k, v in sizes.items() if k != configs.HPZ or config.zero.get("hpz")})
     if reuse_distance is not None:
         zero["stage3_max_reuse_distance"] = reuse_distance
     return {
@@ -104,10 +110,10 @@ def set_patch(config):
         apply.patch(exclude=config.exclude)
 
 
-def build(config, shape, topology, micro_batch, dtype, reuse_distance=None):
+def build(config, shape, topology, micro_batch, dtype, reuse_distance=None, buckets=None):
     import deepspeed
     torch.manual_seed(0)
-    ds = ds_config(config, shape, topology, micro_batch, dtype, reuse_distance)
+    ds = ds_config(config, shape, topology, micro_batch, dtype, reuse_distance, buckets)
     with deepspeed.zero.Init(config_dict_or_path=ds, dtype=dtype):
         net = models.GPT(shape)
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
@@ -214,7 +220,9 @@ def proof(key, collectives, topology):
         problems.append("no 4-bit all-to-all")
     if config.zero.get("hpz") and topology.nodes > 1 and not any(
             k.startswith("all_gather/") and k.endswith("/intra") for k in collectives):
-        problems.append("no node-local (hpZ) all-gather")
+        problems.append("no node-local (hpZ) all-gather: backward re-fetched no weight, so hpZ's node-local copy was "
+                        "never read (DeepSpeed keeps a weight gathered when its next use is within "
+                        "stage3_max_reuse_distance parameters); --reuse-distance 0 makes backward re-fetch every one")
     return problems
 
 
@@ -233,6 +241,13 @@ class Plan(NamedTuple):
     device: str = "cuda"
     profile: bool = True  # kernel time and launches from two more steps in the first repetition (CUDA only)
     reuse_distance: Optional[int] = None
+    buckets: Optional[dict] = None  # zero_optimization sizes of every configuration (None: the HF Trainer's "auto")
+
+    def reuse(self):
+        """The stage3_max_reuse_distance the runs use (None: DeepSpeed's default)."""
+        if self.reuse_distance is not None:
+            return self.reuse_distance
+        return (self.buckets or {}).get("stage3_max_reuse_distance")
 
 
 def run(plan, progress=print, on_rep=None):
@@ -244,7 +259,7 @@ def run(plan, progress=print, on_rep=None):
     as that configuration needs just before (the patch acts through DeepSpeed's classes, so an engine runs patched
     exactly when the patch is on). Engines alive side by side cost memory only; building one costs as long as
     tens of steps, so building once per configuration buys the repetitions."""
-    kept, left_out = available(plan.keys, plan.topology, plan.device)
+    kept, left_out = available(plan.keys, plan.topology, plan.device, plan.shape, plan.reuse())
     topology = plan.topology
     results = {
         "shape": plan.shape._asdict(),
@@ -303,7 +318,7 @@ def _build_and_warm(key, plan):
     cuda = plan.device == "cuda"
     before = torch.cuda.memory_allocated() if cuda else 0
     started = time.perf_counter()
-    engine = build(config, plan.shape, plan.topology, plan.micro_batch, plan.dtype, plan.reuse_distance)
+    engine = build(config, plan.shape, plan.topology, plan.micro_batch, plan.dtype, plan.reuse_distance, plan.buckets)
     info = {"build_s": time.perf_counter() - started}
     if cuda:
         info["resident_gb"] = (torch.cuda.memory_allocated() - before) / 2**30

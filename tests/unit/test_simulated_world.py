@@ -85,9 +85,9 @@ def test_collectives_hand_back_every_rank_as_this_one(topology):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--nodes", "0"], "world_size >= 2 that gpus_per_node divides; got world_size 0"),
-    (["--gpus-per-node", "1", "--nodes", "1"], "world_size >= 2"),
-    (["--inter-gbps", "-5", "--device", "cpu"], "link speeds must be positive Gbit/s, got [-5.0]"),
+    (["--nodes", "0"], "--nodes 0: accepted: an integer >= 1"),
+    (["--gpus-per-node", "1", "--nodes", "1"], "a world of 1 rank; accepted: 2 or more ranks"),
+    (["--inter-gbps", "-5", "--device", "cpu"], "--inter-gbps -5: accepted: link speeds > 0 Gbit/s"),
 ])
 def test_simulate_names_bad_arguments(argv, message, capsys):
     from deepspeed_zeropp import cli
