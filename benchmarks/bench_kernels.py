@@ -17,14 +17,12 @@ Three parts, each printed as ratios with their spread:
     python benchmarks/bench_kernels.py [--out DIR]      (default DIR: benchmarks/results)
 
 writes kernels_<gpu>.md, .json (and .png when matplotlib is available) into DIR; DeepSpeed's op needs an
-installed DeepSpeed (its columns are left empty otherwise). The other benchmarks take their timing helpers from here
-(``interleaved``, ``time_per_call``, ``environment``, ``commit``).
+installed DeepSpeed (its columns are left empty otherwise). The timing helpers are benchmarks/common.py's.
 """
 import argparse
 import json
 import math
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -39,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]  # so the timed subprocesses import t
 sys.path.insert(0, str(REPO))
 from deepspeed_zeropp.formats.dtypes import BY_NAME as DTYPES  # noqa: E402
 from deepspeed_zeropp.formats.grouping import equal_groups, group_layout  # noqa: E402
+from benchmarks.common import environment, interleaved, paired_ratio  # noqa: E402
 
 SIZES = {"16M": 2**24, "134M": 2**27}
 LAYOUTS = {"heuristic": group_layout, "2048": lambda numel: (numel // 2048, 2048)}
@@ -50,31 +49,6 @@ TARGETS = (f"quantize and dequantize, every dtype, both layouts: >= DeepSpeed's 
 LOAD_SNIPPET = ("import time, torch; torch.cuda.init(); t = time.perf_counter(); "
                 "from deepspeed_zeropp.backends import cuda; error = cuda.load_error(); "
                 "print(time.perf_counter() - t if error is None else 'ERROR ' + error)")
-
-
-def time_per_call(fn, inputs, reps, trials=7, warmup=20):
-    """Median over trials of the mean seconds per call, cycling through ``inputs``."""
-    for i in range(warmup):
-        fn(inputs[i % len(inputs)])
-    return statistics.median(interleaved({"fn": (fn, inputs)}, reps, trials)["fn"])
-
-
-def interleaved(functions, reps, trials):
-    """{name: [seconds per call in each trial]}: every trial times each function once, in turn, starting one
-    function later than the trial before (CUDA events)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = {name: [] for name in functions}
-    order = list(functions.items())
-    for trial in range(trials):
-        shift = trial % len(order)
-        for name, (fn, inputs) in order[shift:] + order[:shift]:
-            start.record()
-            for i in range(reps):
-                fn(inputs[i % len(inputs)])
-            end.record()
-            end.synchronize()
-            samples[name].append(start.elapsed_time(end) / 1e3 / reps)
-    return samples
 
 
 def timed_load(cache_dir):
@@ -101,54 +75,10 @@ def load_deepspeed_op():
         return None, f"unavailable ({type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''})"
 
 
-def driver_version():
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True,
-                             text=True,
-                             check=True).stdout
-        return out.strip().splitlines()[0]
-    except (OSError, subprocess.CalledProcessError, IndexError):
-        return "unknown"
-
-
-def commit():
-    """The commit measured: $BENCH_COMMIT when set (a copy of the tree on another machine may carry stale git
-    metadata), else the checkout's, marked "+dirty" when tracked files differ from it, or "unknown" outside git."""
-    if os.environ.get("BENCH_COMMIT"):
-        return os.environ["BENCH_COMMIT"]
-
-    def git(*args):
-        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True).stdout
-
-    try:
-        head = git("rev-parse", "--short", "HEAD").strip()
-        return (head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no").strip() else "")) or "unknown"
-    except OSError:
-        return "unknown"
-
-
-def environment(ds_version):
-    """What a result table names: GPU, driver, torch, CUDA, DeepSpeed and Python versions, and the commit."""
-    return dict(gpu=torch.cuda.get_device_name(),
-                driver=driver_version(),
-                torch=torch.__version__,
-                cuda=torch.version.cuda,
-                deepspeed=ds_version,
-                python=platform.python_version(),
-                commit=commit())
-
-
 def summary(samples, nbytes):
     """Median GB/s and the min-max over trials."""
     rates = [nbytes / s / 1e9 for s in samples]
     return {"gbps": statistics.median(rates), "low": min(rates), "high": max(rates)}
-
-
-def ratio(samples, reference):
-    """Median and min-max over trials of reference time / time (> 1: faster than the reference)."""
-    rates = [r / s for s, r in zip(samples, reference)]
-    return {"ratio": statistics.median(rates), "low": min(rates), "high": max(rates)}
 
 
 def bench_bandwidth(dtype, numel, layout, ours, ds_op, reps, trials):
@@ -192,9 +122,9 @@ def bench_bandwidth(dtype, numel, layout, ours, ds_op, reps, trials):
         mine = [nbytes[f"ours_{op}"] / s for s in samples[f"ours_{op}"]]
         if f"ds_fp16_{op}" in samples:
             theirs = [nbytes[f"ds_fp16_{op}"] / s for s in samples[f"ds_fp16_{op}"]]
-            row[f"{op}_vs_ds"] = ratio(theirs, mine)
+            row[f"{op}_vs_ds"] = paired_ratio(theirs, mine)
         copies = [nbytes["copy"] / s for s in samples["copy"]]
-        row[f"{op}_vs_copy"] = ratio(copies, mine)
+        row[f"{op}_vs_copy"] = paired_ratio(copies, mine)
     return row
 
 
@@ -240,7 +170,7 @@ def bench_host(ds_op, calls=2000, trials=9):
     }
     if ds_op is not None:
         for op in ("quantize", "dequantize"):
-            result[f"{op}_vs_ds"] = ratio(samples[f"ops_{op}"], samples[f"ds_{op}"])
+            result[f"{op}_vs_ds"] = paired_ratio(samples[f"ops_{op}"], samples[f"ds_{op}"])
     return result
 
 

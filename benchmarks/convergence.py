@@ -18,13 +18,13 @@ Writes NAME.{json,md,png} into --out (default benchmarks/results, NAME convergen
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.launch import run_job  # noqa: E402
+from benchmarks import common  # noqa: E402
 
 TAIL = 100  # the figure of merit: mean loss over the last TAIL steps
 WARMUP = 50  # steps of linear learning-rate warm-up
@@ -165,7 +165,9 @@ def main():
     parser.add_argument("--parallel", action="store_true")
     parser.add_argument("--device", default="cuda-isolated", help="cpu for a smoke test (2 ranks as 2 nodes, gloo)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
-    parser.add_argument("--commit", default=None, help="the commit measured (default: git rev-parse HEAD)")
+    parser.add_argument("--commit",
+                        default=None,
+                        help="the commit measured (default: $BENCH_COMMIT, else the checkout's, +dirty if edited)")
     parser.add_argument("--loco",
                         action="store_true",
                         help="add LoCo, ours and upstream's (DeepSpeed 0.16.2 to 0.19.7)")
@@ -177,8 +179,7 @@ def main():
     args = parser.parse_args()
     configs = CONFIGS + LOCO_CONFIGS if args.loco else CONFIGS
     configs = tuple(c for c in configs if args.only is None or c[0] in args.only)
-    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                           text=True).stdout.strip() or "unknown"
+    commit = common.commit(args.commit)
     from harness.models import corpus
     results, meta = run_all(args.dtypes, args.steps, args.lr, args.parallel, args.device, configs)
     rows = summary(results, configs)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.launch import run_job  # noqa: E402
-from benchmarks.bench_kernels import commit  # noqa: E402
+from benchmarks.common import commit  # noqa: E402
 
 
 def main():

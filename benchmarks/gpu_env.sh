@@ -3,7 +3,12 @@
 # DeepSpeed: the installed one when python3 imports it and DS_VERSION is unset; otherwise DeepSpeed DS_VERSION (default:
 # the newest in the wheels directory) from wheels, installed once with pip --target under the work directory. Wheels
 # directory: ZEROPP_WHEELS (default .whl), holding deps/*.whl (DeepSpeed's pure-Python dependencies) and
-# ds-VERSION/*.whl; a host without a package index gets them from one with, see benchmarks/README.md.
+# ds-VERSION/*.whl. For a host without a package index, on one with (Python 3.12 there, for example):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#       -d .whl/deps hjson annotated-types typing-inspection pydantic pydantic-core
+#   pip download --no-deps --no-binary :all: -d /tmp/src deepspeed==0.19.8   # DeepSpeed is published as source
+#   tar xzf /tmp/src/deepspeed-0.19.8.tar.gz -C /tmp/src
+#   (cd /tmp/src/deepspeed-0.19.8 && DS_BUILD_OPS=0 pip wheel --no-deps --no-build-isolation -w "$OLDPWD/.whl/ds-0.19.8" .)
 # Work directory: ZEROPP_WORK (default ${TMPDIR:-/tmp}/deepspeed_zeropp_gpu): installed wheels, torch extension
 # builds (one folder per DeepSpeed release: builds of its op must not mix), and OUTDIR (default $OUT, else out/).
 #

@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from deepspeed_zeropp.simulate import model, runner, world  # noqa: E402
-from benchmarks.bench_kernels import commit  # noqa: E402
+from benchmarks.common import commit  # noqa: E402
 
 TOP = 25
 

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from deepspeed_zeropp import ops  # noqa: E402
 from deepspeed_zeropp.backends import cuda  # noqa: E402
-from benchmarks.bench_kernels import commit, interleaved  # noqa: E402
+from benchmarks.common import commit, interleaved, paired_ratio  # noqa: E402
 
 RANKS = 8
 SIZES = {"1-D tensor": 2048, "matrix share": 2048 * 2048 // RANKS, "bucket share": 7 * 2048 * 2048 // RANKS}
@@ -90,8 +90,7 @@ def measure():
             row["us"][key] = [s * 1e6 for s in samples[key]]
             row["launches"][key] = launches(fn, inputs)
         for step in ("quantize", "dequantize"):
-            ratios = sorted(a / b for a, b in zip(samples[f"{step}, copies"], samples[f"{step}, in place"]))
-            row["speedup"][step] = {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
+            row["speedup"][step] = paired_ratio(samples[f"{step}, in place"], samples[f"{step}, copies"])
         rows.append(row)
     return {
         "commit": commit(),
@@ -122,7 +121,7 @@ def render(results):
                 cells.append(f"{statistics.median(us):.1f} ({min(us):.1f}-{max(us):.1f})")
             s = row["speedup"][step]
             lines.append(f"| {row['size']} ({row['numel']:,}) | {step} | {cells[0]} | {cells[1]} | "
-                         f"{s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f}) | "
+                         f"{s['ratio']:.2f}x ({s['low']:.2f}-{s['high']:.2f}) | "
                          f"{row['launches'][step + ', in place']} / {row['launches'][step + ', copies']} |")
     return "\n".join(lines) + "\n"
 

@@ -1,6 +1,6 @@
 """qgZ's reduce-scatter of one gradient bucket, each 4-bit gradient in its own all-to-all (``BATCH_BYTES = 0``: as
 upstream, and as this package did before batching) against the bucket's gradients sharing them (the default
-``qgz.BATCH_BYTES``), timed interleaved in one process (bench.interleaved: the order rotated every trial).
+``qgz.BATCH_BYTES``), timed interleaved in one process (benchmarks/common.py's interleaved: the order rotated every trial).
 
 One rank on one GPU (NCCL, world size 1): the all-to-all is a local copy, so this measures what sharing saves in host
 work and launches, not the link's round trips, which it also saves on a real job. Buckets: layers of the 1.3B GPT of
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.bench_kernels import commit, interleaved  # noqa: E402
+from benchmarks.common import commit, interleaved, paired_ratio  # noqa: E402
 
 WIDTH = 2048
 MATRICES = [(WIDTH, 3 * WIDTH), (WIDTH, WIDTH), (WIDTH, 4 * WIDTH), (4 * WIDTH, WIDTH)]
@@ -63,7 +63,6 @@ def measure():
                 fn(inputs[0])
         torch.cuda.synchronize()
         samples = interleaved(functions, REPS, TRIALS)
-        ratios = sorted(a / b for a, b in zip(samples["per_gradient"], samples["shared"]))
         rows.append({
             "bucket": name,
             "tensors": len(bucket),
@@ -72,11 +71,7 @@ def measure():
                 k: [s * 1e3 for s in v]
                 for k, v in samples.items()
             },
-            "speedup": {
-                "median": statistics.median(ratios),
-                "min": ratios[0],
-                "max": ratios[-1]
-            },
+            "speedup": paired_ratio(samples["shared"], samples["per_gradient"]),
         })
         del bucket
         torch.cuda.empty_cache()
@@ -110,7 +105,7 @@ def render(results):
             cells.append(f"{statistics.median(ms):.2f} ({min(ms):.2f}-{max(ms):.2f})")
         s = row["speedup"]
         lines.append(f"| {row['bucket']} | {row['tensors']} ({row['four_bit']}) | {cells[0]} | {cells[1]} | "
-                     f"{s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f}) |")
+                     f"{s['ratio']:.2f}x ({s['low']:.2f}-{s['high']:.2f}) |")
     return "\n".join(lines) + "\n"
 
 

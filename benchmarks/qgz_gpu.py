@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.launch import run_job  # noqa: E402
-from benchmarks.bench_kernels import commit  # noqa: E402
+from benchmarks.common import commit  # noqa: E402
 
 CASES = [[dtype, [4096, 4096]] for dtype in ("fp16", "bf16", "fp32")] + [["bf16", [4096, 4096]]]
 

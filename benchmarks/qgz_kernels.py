@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from deepspeed_zeropp.formats import int4  # noqa: E402
 from deepspeed_zeropp.backends import cuda as ours  # noqa: E402
 from deepspeed_zeropp.formats.dtypes import BY_NAME as DTYPES  # noqa: E402
-from benchmarks.bench_kernels import environment, load_deepspeed_op, time_per_call  # noqa: E402
+from benchmarks.bench_kernels import load_deepspeed_op  # noqa: E402
+from benchmarks.common import environment, time_per_call  # noqa: E402
 
 NODES, LOCAL = 2, 8
 WORLD = NODES * LOCAL

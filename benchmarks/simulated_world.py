@@ -10,7 +10,6 @@ Each setting writes ``simulated_NAME.json`` (every figure, the commit measured) 
 """
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -20,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from deepspeed_zeropp.simulate import report  # noqa: E402
 from deepspeed_zeropp.simulate.runner import CONFIGS  # noqa: E402
+from benchmarks.common import commit  # noqa: E402
 
 SETTINGS = {  # name -> (what it shows, the simulate command's arguments)
     "n8_free": ("1.4B GPT, one node of 8, collectives free (what each path costs the host and the GPU) and over "
@@ -43,13 +43,6 @@ SETTINGS = {  # name -> (what it shows, the simulate command's arguments)
                       "unquantized ours-qwz-qgz upstream-qwz-qgz --reps 3 --steps 5 --warmup 1 --no-profile"),
 }
 MEASURED_2GPU = "e2e_slow.json"  # benchmarks/e2e.py --link slow: NCCL over sockets, 2 H200 as 2 nodes
-
-
-def commit():
-    if os.environ.get("BENCH_COMMIT"):
-        return os.environ["BENCH_COMMIT"]
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                          text=True).stdout.strip() or "unknown"
 
 
 def run(names, out):
