@@ -221,8 +221,9 @@ def proof(key, collectives, topology):
     if config.zero.get("hpz") and topology.nodes > 1 and not any(
             k.startswith("all_gather/") and k.endswith("/intra") for k in collectives):
         problems.append("no node-local (hpZ) all-gather: backward re-fetched no weight, so hpZ's node-local copy was "
-                        "never read (DeepSpeed keeps a weight gathered when its next use is within "
-                        "stage3_max_reuse_distance parameters); --reuse-distance 0 makes backward re-fetch every one")
+                        "never read; DeepSpeed keeps a weight gathered from forward to backward when its next use is "
+                        "within stage3_max_reuse_distance parameters (--reuse-distance 0 releases every one) or when "
+                        "a prefetch bucket as large as the model fetched it ahead")
     return problems
 
 

@@ -59,9 +59,29 @@ class Candidate(NamedTuple):
     def with_value(self, name, value):
         return Candidate.of(self.key, dict(self.settings, **{name: value}))
 
+    def sizes(self):
+        return ", ".join(f"{SHORT.get(k, k)} {_number(v)}" for k, v in self.settings) or "DeepSpeed's defaults"
+
     def describe(self):
-        sizes = ", ".join(f"{k.replace('stage3_', '')}={v:.3g}" for k, v in self.settings)
-        return f"{CONFIGS[self.key].label} ({sizes or 'DeepSpeed defaults'})"
+        return f"{CONFIGS[self.key].label} ({self.sizes()})"
+
+
+SHORT = {  # names in progress lines and tables (the block printed spells each key out)
+    "stage3_prefetch_bucket_size": "prefetch",
+    "reduce_bucket_size": "reduce",
+    "stage3_param_persistence_threshold": "persistence",
+    "stage3_max_live_parameters": "max live",
+    "stage3_max_reuse_distance": "reuse distance",
+    configs.HPZ: "hpZ",
+}
+
+
+def _number(value):
+    """5e7 rather than 50000000; small numbers as they are."""
+    if value < 10**4:
+        return str(value)
+    exponent = len(str(int(value))) - 1
+    return f"{value / 10**exponent:.3g}e{exponent}"
 
 
 class Result(NamedTuple):
@@ -162,9 +182,10 @@ def search(keys, start, grid, links, measure, budget_s=None, memory_gb=None, pro
     for link in links:
         mine = [baseline, best[(link, "unquantized")]] + [best[(link, k)] for k in keys[1:]]
         fine = [c for c in dict.fromkeys(mine) if c not in rejected] or [baseline]
-        answers.append(
-            Answer(link, min(fine, key=lambda c: final[c].ms(link)), baseline, best[(link, "unquantized")],
-                   tuple(dict.fromkeys(mine)), final, interleaved))
+        fastest = sorted(fine, key=lambda c: final[c].ms(link))
+        # tuned unquantized: the faster of the user's sizes and the search's, side by side
+        tuned = next((c for c in fastest if c.key == "unquantized"), best[(link, "unquantized")])
+        answers.append(Answer(link, fastest[0], baseline, tuned, tuple(dict.fromkeys(mine)), final, interleaved))
     return Outcome(tuple(answers), tuple(unexplored), tuple(f"{c.describe()}: {why}" for c, why in rejected.items()),
                    state["runs"], state["seconds"])
 
@@ -235,8 +256,7 @@ def render(outcome, gpus_per_node, memory_gb=None, user=None):
             vs = ratio(answer, answer.baseline, candidate)
             note = " (yours)" if candidate == answer.baseline else ""
             peak = "-" if r.peak_memory_gb is None else f"{r.peak_memory_gb:.1f}"
-            sizes = candidate.describe().split(" (", 1)[1].rstrip(")")
-            lines.append(f"| {CONFIGS[candidate.key].label}{note} | {sizes} | {r.ms(link):.0f} | "
+            lines.append(f"| {CONFIGS[candidate.key].label}{note} | {candidate.sizes()} | {r.ms(link):.0f} | "
                          f"{vs[0]:.2f}x ({vs[1]:.2f}-{vs[2]:.2f}) | {peak} |")
         best = answer.best
         mine, tuned = ratio(answer, answer.baseline, best), ratio(answer, answer.tuned_unquantized, best)
@@ -246,7 +266,7 @@ def render(outcome, gpus_per_node, memory_gb=None, user=None):
             f"  {mine[0]:.2f}x ({mine[1]:.2f}-{mine[2]:.2f}) against unquantized ZeRO-3 with {yours}: "
             f"{results[answer.baseline].ms(link):.0f} ms, {memory(answer.baseline)}",
             f"  {tuned[0]:.2f}x ({tuned[1]:.2f}-{tuned[2]:.2f}) against unquantized ZeRO-3 with tuned sizes "
-            f"({answer.tuned_unquantized.describe()}): {results[answer.tuned_unquantized].ms(link):.0f} ms, "
+            f"({answer.tuned_unquantized.sizes()}): {results[answer.tuned_unquantized].ms(link):.0f} ms, "
             f"{memory(answer.tuned_unquantized)}"
         ]
         if best.key == "unquantized":

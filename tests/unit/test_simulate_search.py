@@ -335,3 +335,16 @@ def test_default_grid_values():
     assert search.values(reduce, 2048, 8) == (2048**2, 500_000_000)
     assert search.values(live, 2048, 8) == (10**9, 3 * 10**9)
     assert search.values(hpz, 2048, 8) == (2, 4, 8) and search.values(hpz, 2048, 1) == ()
+
+
+def test_tuned_unquantized_is_the_faster_of_yours_and_the_searchs_side_by_side():
+    fake = Fake(lambda c, link: 0)
+
+    def ms(c, link):  # the exploring group favours prefetch 200; side by side, the user's sizes are faster
+        final = len(fake.calls) > 2
+        return 1000 - (100 if settings(c)[PREFETCH] == 200 else 0) * (-1 if final else 1)
+
+    fake.ms = ms
+    answer, = search.search([], START, GRID[:1], ["slow"], fake).answers
+    assert answer.best == answer.tuned_unquantized == answer.baseline
+    assert search.Candidate.of("unquantized", dict(START, **{PREFETCH: 200})) in answer.finalists
