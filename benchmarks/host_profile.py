@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from deepspeed_zeropp.simulate import model, runner, world  # noqa: E402
+from deepspeed_zeropp.teardown import release  # noqa: E402
 from benchmarks.common import commit  # noqa: E402
 
 TOP = 25
@@ -102,7 +103,7 @@ def main():
     finally:
         runner.set_patch(None)
         for engine in engines.values():
-            runner.release(engine)
+            release(engine)
     args.out.mkdir(parents=True, exist_ok=True)
     text = "\n".join(lines + [""] + details) + "\n"
     (args.out / "host_profile.md").write_text(text)

@@ -3,7 +3,8 @@
 Importing this package is lean: it does not import DeepSpeed, initialise CUDA, or build anything. Call
 :func:`patch` (or set ``DEEPSPEED_ZEROPP=1``) before DeepSpeed starts gathering parameters.
 """
-__version__ = "0.1.0"
+from ._version import __version__
+
 __all__ = ["patch", "unpatch", "__version__"]
 
 

@@ -27,7 +27,8 @@ import socket
 from datetime import timedelta
 from typing import NamedTuple
 
-from . import __version__, _env, backends, formats
+from . import _env, backends, formats
+from ._version import __version__
 
 TIMEOUT = 300.0  # seconds: far beyond the skew of healthy ranks reaching their first quantized collective
 KEY = "deepspeed_zeropp/agreement"

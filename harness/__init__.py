@@ -1,5 +1,6 @@
-"""The multi-rank ZeRO-3 training harness of the tests and the benchmarks (not shipped: setup.py installs only
-deepspeed_zeropp, whose demo keeps a small worker of its own, which this one builds on).
+"""The multi-rank ZeRO-3 training harness of the tests and the benchmarks (not shipped: the wheel holds the package
+deepspeed_zeropp alone, whose demo keeps a small worker of its own, with its checks and the stand-in for DeepSpeed's
+op: the harness builds on those).
 
 ``launch.run_job`` starts one process per rank (CPU gloo by default), each running ``worker`` on a job spec;
 rank 0 returns per-step losses, the dtypes seen at every forward, and counters proving quantization ran. What else a

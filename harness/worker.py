@@ -23,10 +23,10 @@ import traceback
 
 import torch
 
-from deepspeed_zeropp.demo import worker as demo_worker
-from deepspeed_zeropp.demo.worker import ForwardChecks
+from deepspeed_zeropp.demo import checks, worker as demo_worker
+from deepspeed_zeropp.demo.checks import ForwardChecks
 from deepspeed_zeropp.formats.dtypes import BY_NAME as DTYPES
-from deepspeed_zeropp.simulate.runner import release as release_engine
+from deepspeed_zeropp.teardown import release as release_engine
 
 from . import models
 from .launch import instrument_names
@@ -73,7 +73,7 @@ def ds_config(run, dtype, batch_size=4):
     return config
 
 
-class Counters(demo_worker.Counters):
+class Counters(checks.Counters):
     """The demo's counters, and qgZ's and LoCo's reduce-scatters."""
 
     def install(self):
@@ -310,8 +310,8 @@ def main(spec_path):
         import deepspeed_zeropp
         report = deepspeed_zeropp.patch(backend=spec.get("backend", "auto"))
     if spec["device"] == "cpu":  # DeepSpeed's compiled op does not exist on CPU: emulate it, bug included
-        from .upstream_op import install
-        install()
+        from deepspeed_zeropp.demo.upstream_op import install
+        install(gradients=True)
     import deepspeed
     if spec["device"].startswith("cuda"):
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))

@@ -1,10 +1,9 @@
-"""What several test modules share: assertions on harness results, dtype tables, a stand-in for DeepSpeed's op."""
+"""What several test modules share: assertions on harness results, dtype tables (the stand-in for DeepSpeed's op
+is deepspeed_zeropp.demo.upstream_op's)."""
 import pytest
 import torch
 
-from deepspeed_zeropp.backends import torch_ref
 from deepspeed_zeropp.formats.dtypes import BY_NAME as DTYPES  # noqa: F401  (the tests' dtype table)
-from deepspeed_zeropp.formats.grouping import equal_groups
 
 STEPS = 5  # training steps of a harness job unless a test says otherwise
 FROZEN = ["embeddings", "attention"]  # a LoRA-like split of BERT: frozen embeddings and attention, trainable FFNs
@@ -76,17 +75,3 @@ def extension_builds():
     not a reason to skip."""
     from deepspeed_zeropp.backends import cuda as cuda_backend
     assert cuda_backend.load_error() is None
-
-
-class Fp16OnlyOp:
-    """The contract of DeepSpeed's compiled quantizer op: fp16 in, fp16 out; any other input dtype is refused."""
-    Symmetric = 0
-
-    def quantize(self, x, groups, bits, kind):
-        assert x.dtype == torch.float16, f"kernel reads fp16 bits, got {x.dtype}"
-        codes, scales = torch_ref.quantize(x.reshape(-1), groups)
-        return codes.view(x.shape), scales.view(-1, 1)
-
-    def dequantize(self, codes, scales, groups, bits, kind):
-        return torch_ref.dequantize(codes.reshape(-1), scales.reshape(-1), equal_groups(codes.numel() // groups),
-                                    torch.float16).view(codes.shape)

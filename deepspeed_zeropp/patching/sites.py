@@ -80,3 +80,6 @@ SITES = (
          module=STAGE3),
     Site("MultiNodeRunner", "__init__", launcher.forward_variables, module=MULTINODE_RUNNER),
 )
+
+# Rows named elsewhere, as ``patch(exclude=...)`` takes them (a row's ``name``)
+FETCH_SITE = "partition_parameters._dist_allgather_fn"  # the fetch's one all-gather of codes and scales (packets)

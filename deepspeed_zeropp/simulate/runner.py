@@ -14,7 +14,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ..patching.seams.gathers import FETCH_SITE as PACKET_SITE  # one all-gather per quantized fetch
+from ..patching.sites import FETCH_SITE as PACKET_SITE  # one all-gather per quantized fetch
+from ..teardown import release
 from . import config as configs, model as models, world
 
 QWZ = {"zero_quantized_weights": True}
@@ -119,36 +120,6 @@ def build(config, shape, topology, micro_batch, dtype, reuse_distance=None, buck
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
     engine, *_ = deepspeed.initialize(model=net, optimizer=optimizer, config=ds)
     return engine
-
-
-def release(engine):
-    """Leave nothing of a finished engine reachable, so the next configuration starts where this one did.
-
-    ``destroy`` removes ZeRO-3's hooks (autograd holds those on gradient accumulation in C++, out of the garbage
-    collector's sight). Two process-wide references of DeepSpeed outlive it and keep every parameter and the
-    optimizer through ``_z3_optimizer``: ``FWD_MODULE_STACK``, onto which each engine pushes its top module, and
-    the parameter coordinator's class-level ``lru_cache`` of parameters to release."""
-    import gc
-    from deepspeed.runtime.zero import parameter_offload, partitioned_param_coordinator
-    engine.destroy()
-    own = {id(module) for module in engine.module.modules()}
-    parameter_offload.FWD_MODULE_STACK[:] = [m for m in parameter_offload.FWD_MODULE_STACK if id(m) not in own]
-    for cache in method_caches(partitioned_param_coordinator.PartitionedParameterCoordinator):
-        cache.cache_clear()
-    from deepspeed.utils import groups
-    groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None  # hpZ's group, else adopted by every later engine
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def method_caches(cls):
-    """The ``functools`` caches of ``cls``'s methods, also under wrappers without ``functools.wraps``."""
-    for method in vars(cls).values():
-        cells = getattr(method, "__closure__", None) or ()
-        for candidate in (method, *(cell.cell_contents for cell in cells)):
-            if hasattr(candidate, "cache_clear"):
-                yield candidate
 
 
 def step(engine, shape, micro_batch, index):

@@ -10,6 +10,7 @@ ratio between two candidates of one group is taken within one repetition.
 import itertools
 import time
 
+from ..teardown import release
 from . import runner
 from .search import Result
 
@@ -39,7 +40,7 @@ def measurer(plan, progress=print):
         finally:
             runner.set_patch(None)
             for engine in engines.values():
-                runner.release(engine)
+                release(engine)
         return {c: _result(blocks[c], seconds[c], group) for c in candidates}
 
     return measure

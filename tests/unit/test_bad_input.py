@@ -79,7 +79,7 @@ def test_deepspeed_backend_dequantizes_a_prefix(monkeypatch):
     """The prefix of a padded gathered buffer, through DeepSpeed's op (a CPU stand-in with its fp16 contract):
     the op sees whole groups, the caller gets the prefix back."""
     from deepspeed_zeropp.backends import deepspeed_op
-    from harness.upstream_op import UpstreamOpStandIn
+    from deepspeed_zeropp.demo.upstream_op import UpstreamOpStandIn
     monkeypatch.setattr(deepspeed_op, "_op", UpstreamOpStandIn)
     x = torch.randn(16, dtype=torch.float16)
     codes, scales = ops.quantize(x, 2, backend="deepspeed")

@@ -1,12 +1,15 @@
 """Facts stated in several files agree with their one source: the DeepSpeed range and release facts of
 ``patching/sites.py`` (README, requirements, the compatibility run's releases, doctor), qgZ's wire constants
-(``formats/int4.py`` and ``csrc/wire_formats.h``) and the agreement check's default bound (``agreement.py``)."""
+(``formats/int4.py`` and ``csrc/wire_formats.h``), the agreement check's default bound (``agreement.py``), site names
+(``patching/sites.py``) and the version (``_version.py``)."""
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
-from deepspeed_zeropp import _env, agreement, doctor
+import deepspeed_zeropp
+from deepspeed_zeropp import _env, _version, agreement, doctor
 from deepspeed_zeropp.formats import int4
 from deepspeed_zeropp.patching import sites
 
@@ -60,3 +63,17 @@ def test_qgz_constants_agree_with_the_kernels_header():
     assert int(constant("kLevels")) == int4.LEVELS
     assert float.fromhex(constant("kMinScale").rstrip("f")) == int4.MIN_SCALE
     assert int(constant("kScaleBytes")) == int4.SCALE_BYTES
+
+
+def test_site_names_used_elsewhere_are_rows_of_the_table():
+    rows = {site.name: site for site in sites.SITES}
+    assert sites.FETCH_SITE in rows
+    seam = sys.modules[rows[sites.FETCH_SITE].factory.__module__]
+    assert seam.FETCH_SITE == sites.FETCH_SITE  # the seam's own copy of its row's name: sites.py imports the seams
+
+
+def test_the_version_is_written_once():
+    assert deepspeed_zeropp.__version__ == agreement.__version__ == _version.__version__
+    pyproject = text("pyproject.toml")
+    assert 'version = { attr = "deepspeed_zeropp._version.__version__" }' in pyproject
+    assert re.search(r'^dynamic = \[.*"version"', pyproject, re.M) and not re.search(r'^version = "', pyproject, re.M)

@@ -12,10 +12,10 @@ import torch
 
 from deepspeed_zeropp import ops
 from deepspeed_zeropp.backends import deepspeed_op
+from deepspeed_zeropp.demo.upstream_op import UpstreamOpStandIn
 from deepspeed_zeropp.formats.grouping import blocks_of, group_layout
 from deepspeed_zeropp.patching.seams import gathers
 from deepspeed_zeropp.patching.quantizer import QuantizerMethods
-from tests.helpers import Fp16OnlyOp
 
 PRIME = 8581  # a 131 x 131 weight's partition at 2 ranks: two groups, the second one shorter
 RANKS = 2
@@ -129,7 +129,7 @@ def test_deepspeed_backend_hands_short_last_groups_to_the_native_path(monkeypatc
     """DeepSpeed's op knows equal groups only: DeepSpeed's own group sizes still go to it (fp16 in and out), other
     layouts take the native path, with one warning."""
     from deepspeed.runtime.zero.partition_parameters import CUDAQuantizer
-    monkeypatch.setattr(CUDAQuantizer, "quantizer_cuda_module", Fp16OnlyOp())
+    monkeypatch.setattr(CUDAQuantizer, "quantizer_cuda_module", UpstreamOpStandIn(fp16_only=True))
     monkeypatch.setattr(deepspeed_op, "_warned_layout", False)
     x = torch.randn(2 * PRIME, dtype=torch.bfloat16)
     uniform = ops.quantize(x[:16384], backend="deepspeed")

@@ -7,6 +7,8 @@ import subprocess
 import venv
 from pathlib import Path
 
+from deepspeed_zeropp._version import __version__
+
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "MANIFEST.in", "deepspeed_zeropp.pth", "requirements",
            "csrc", "deepspeed_zeropp")
@@ -36,6 +38,8 @@ def test_regular_and_editable_installs_ship_the_pth(tmp_path):
             assert (site_packages / "deepspeed_zeropp" / "demo" / "worker.py").is_file()
             assert not (site_packages / "harness").exists() and not (site_packages / "benchmarks").exists()
             assert not (site_packages / "deepspeed_zeropp" / "_harness").exists()
+            version = "import importlib.metadata as m; print(m.version('deepspeed_zeropp'))"
+            assert subprocess.check_output([python, "-c", version], text=True, cwd=tmp_path).strip() == __version__
     probe = (
         "import deepspeed, deepspeed_zeropp; from deepspeed.runtime.zero.partition_parameters import CUDAQuantizer; "
         "print(deepspeed_zeropp.__file__, hasattr(CUDAQuantizer.quantize, '__deepspeed_zeropp__'))")

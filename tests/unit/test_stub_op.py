@@ -9,13 +9,13 @@ import torch
 from packaging.version import Version
 
 import deepspeed_zeropp
-from tests.helpers import Fp16OnlyOp
+from deepspeed_zeropp.demo.upstream_op import UpstreamOpStandIn
 
 
 @pytest.fixture
 def quantizer_class(monkeypatch):
     from deepspeed.runtime.zero.partition_parameters import CUDAQuantizer
-    monkeypatch.setattr(CUDAQuantizer, "quantizer_cuda_module", Fp16OnlyOp())
+    monkeypatch.setattr(CUDAQuantizer, "quantizer_cuda_module", UpstreamOpStandIn(fp16_only=True))
     yield CUDAQuantizer
     deepspeed_zeropp.unpatch()
 
