@@ -5,7 +5,7 @@ Importing this package is lean: it does not import DeepSpeed, initialise CUDA, o
 """
 from ._version import __version__
 
-__all__ = ["patch", "unpatch", "__version__"]
+__all__ = ["patch", "unpatch", "register_in_order_backend", "__version__"]
 
 
 def patch(backend="auto", strict=True):
@@ -18,3 +18,11 @@ def unpatch():
     """Restore DeepSpeed exactly as it was before :func:`patch`."""
     from .patching.apply import unpatch as _unpatch
     _unpatch()
+
+
+def register_in_order_backend(name):
+    """Declare that the torch.distributed backend ``name`` completes each group's collectives in launch order, as
+    NCCL does: a quantized job's Init gathers of a list of parameters then stay one call instead of one per
+    parameter. Only for backends that keep that order (gloo does not)."""
+    from .patching.seams.gathers import register_in_order_backend as _register
+    _register(name)

@@ -267,13 +267,13 @@ _PACKET = "zeropp_packet"  # attribute of the codes and scales in a packet: thei
 
 
 class PacketInfo:
-    """What the codes and scales of a packet carry, one object for both: the byte ``buffer``, its ``layout`` (an
-    ``int8.Packet``) and ``sent``, kept for whoever sends the packet (None until then). Only the codes and scales
-    reference it, never the buffer, so a collective that holds the buffer makes no reference cycle with it."""
-    __slots__ = ("buffer", "layout", "sent")
+    """What the codes and scales of a packet carry, one object for both: the byte ``buffer`` and its ``layout`` (an
+    ``int8.Packet``). Only the codes and scales reference it, never the buffer, so a collective that holds the
+    buffer makes no reference cycle with it."""
+    __slots__ = ("buffer", "layout")
 
     def __init__(self, buffer, layout):
-        self.buffer, self.layout, self.sent = buffer, layout, None
+        self.buffer, self.layout = buffer, layout
 
 
 def quantize_packed(x, groups=None, backend="auto"):

@@ -41,14 +41,14 @@ def before_step(job, step):
     if step != 0:
         return
     from deepspeed.comm import comm
-    from deepspeed_zeropp.patching.seams import gathers
+    from deepspeed_zeropp.patching.seams import fetch
     backend = type(comm.cdb)
     counters = job.counters("collectives")
     counters.spy(backend, "all_gather_into_tensor", "all_gathers")
     counters.spy(backend, "all_gather", "all_gathers")
     for dtype in (torch.uint8, torch.int8, torch.float32):
         counters.spy(backend, "all_gather_into_tensor", str(dtype).split(".")[1], _dtype_is(dtype))
-    job.counters("packets").spy(gathers.PacketGather, "__init__", "packet_all_gathers")
+    job.counters("packets").spy(fetch.PacketGather, "__init__", "packet_all_gathers")
 
 
 class _Ops(TorchDispatchMode):

@@ -26,6 +26,10 @@ class Counters:
         from deepspeed.runtime.zero import partition_parameters as pp
         self.spy(pp.CUDAQuantizer, "quantize", "quantize")
         self.spy(pp.CUDAQuantizer, "dequantize", "dequantize")
+        # a fetch that sent packets is dequantized by the fetch protocol, not through the quantizer
+        from ..patching.seams import fetch
+        self.spy(fetch, "complete_single", "dequantize")
+        self.spy(fetch, "complete_bucket", "dequantize")
         self.spy(pp.AllGatherHandle, "wait", "quantized_single_gathers",
                  lambda h, *a, **k: getattr(h, "_AllGatherHandle__quantization", None) is not None)
         self.spy(pp.AllGatherCoalescedHandle, "wait", "quantized_bucket_gathers",

@@ -7,7 +7,7 @@ attribute must exist; ``patch(strict=True)`` raises otherwise.
 """
 from typing import Callable, NamedTuple, Optional
 
-from .seams import checkpoints, gathers, launcher, partitions, replacements
+from .seams import checkpoints, fetch, gathers, launcher, partitions, replacements
 
 PARTITION_PARAMETERS = "deepspeed.runtime.zero.partition_parameters"
 STAGE3 = "deepspeed.runtime.zero.stage3"
@@ -47,7 +47,7 @@ SITES = (
     Site("CUDAQuantizer", "dequantize", replacements.quantizer_dequantize, upstream_fixed_in=UPSTREAM_DTYPE_FIX),
     Site("AllGatherHandle", "wait", gathers.single_gather, upstream_fixed_in=UPSTREAM_DTYPE_FIX),
     Site("AllGatherCoalescedHandle", "wait", gathers.bucket_gather),
-    Site(None, "_dist_allgather_fn", gathers.fetch_allgather, module=PARTITION_PARAMETERS),
+    Site(None, "_dist_allgather_fn", fetch.fetch_allgather, module=PARTITION_PARAMETERS),
     Site("NoGatherHandle", "__init__", gathers.no_gather, upstream_fixed_in=UPSTREAM_DTYPE_FIX),
     Site("NoGatherCoalescedHandle", "__init__", gathers.no_gather_coalesced, upstream_fixed_in=UPSTREAM_DTYPE_FIX),
     Site("Init", "_allgather_params_coalesced", gathers.init_gather_coalesced, upstream_fixed_in=UPSTREAM_DTYPE_FIX),
@@ -82,4 +82,4 @@ SITES = (
 )
 
 # Rows named elsewhere, as ``patch(exclude=...)`` takes them (a row's ``name``)
-FETCH_SITE = "partition_parameters._dist_allgather_fn"  # the fetch's one all-gather of codes and scales (packets)
+FETCH_SITE = fetch.FETCH_SITE  # the fetch's one all-gather of codes and scales (packets)

@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ReduceOp, _create_work_from_future
 
-from ..patching.seams import gathers
+import deepspeed_zeropp
+
 from .link import Delay, wire_bytes
 
 BACKEND = "zeropp_sim"
@@ -329,7 +330,8 @@ def install(world_size, gpus_per_node, device):
                       LOCAL_SIZE=str(gpus_per_node),
                       MASTER_ADDR="127.0.0.1",
                       MASTER_PORT="29500")
-    gathers.IN_ORDER_BACKENDS.add(BACKEND)  # each group's collectives run on its one stream, in order, as NCCL's
+    deepspeed_zeropp.register_in_order_backend(
+        BACKEND)  # each group's collectives run on its one stream, in order, as NCCL's
     if BACKEND not in dist.Backend.backend_list:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
     STATE.store = MirrorStore(world_size)  # held here: torch keeps only the C++ side, which needs the Python one

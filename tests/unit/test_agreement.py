@@ -223,7 +223,7 @@ def test_ranks_sending_packets_and_ranks_sending_apart_disagree():
     """A patch that leaves the fetch seam out sends codes and scales in two all-gathers, which a rank reading
     packets cannot take: the token differs, the error says which rank sends how, and own_answer reports it."""
     from deepspeed_zeropp.patching import apply
-    from deepspeed_zeropp.patching.seams.gathers import FETCH_SITE, sends_packets
+    from deepspeed_zeropp.patching.seams.fetch import FETCH_SITE, sends_packets
     apart = answer("node-b")._replace(packets=False)
     assert apart.token != answer().token
     text = failure(published(Store(), 1, apart), 0, 2, answer())

@@ -1,5 +1,5 @@
 """Packets (docs/numerics.md, "Packets"): a rank's codes and scales in one byte buffer, gathered in one all-gather and
-read in place; the fetch seam that sends them (patching/seams/gathers.py). Values bit for bit those of the codes and
+read in place; the fetch seam that sends them (patching/seams/fetch.py). Values bit for bit those of the codes and
 scales sent apart, with and without a backend's in-place entry points."""
 import types
 
@@ -10,7 +10,7 @@ from deepspeed_zeropp import ops
 from deepspeed_zeropp.backends import torch_ref
 from deepspeed_zeropp.formats import int8
 from deepspeed_zeropp.formats.grouping import group_layout
-from deepspeed_zeropp.patching.seams import gathers
+from deepspeed_zeropp.patching.seams import fetch as protocol
 from tests.helpers import assert_bitwise
 
 SIZES = [1, 15, 16, 257, 8000, 8001, 16000, 24576, 40000]
@@ -131,9 +131,9 @@ class _Sent:
 
 @pytest.fixture
 def fetch(monkeypatch):
-    monkeypatch.setattr(gathers, "_readers_patched", lambda: True)
+    monkeypatch.setattr(protocol, "readers_patched", lambda: True)
     sent = _Sent()
-    return sent, gathers.fetch_allgather(sent)
+    return sent, protocol.fetch_allgather(sent)
 
 
 def test_fetch_sends_one_packet(fetch):
@@ -143,15 +143,16 @@ def test_fetch_sends_one_packet(fetch):
     handle = seam(codes, codes_out)
     assert seam(scales, scales_out) is handle
     (packet, received), = sent.calls
-    # upstream's receive buffers keep their shapes and views, on the packets' memory
-    assert codes_out.data_ptr() == scales_out.data_ptr() == received.data_ptr()
+    # upstream's codes receive buffer keeps its shape and views, on the packets' memory (the scales' one, a
+    # 1/group_size of it, stays as it is)
+    assert codes_out.data_ptr() == received.data_ptr() != scales_out.data_ptr()
     assert codes_out.shape == (514, ) and codes_out.dtype == torch.int8 and scales_out.dtype == torch.float32
     assert codes_out.narrow(0, 0, 300).shape == (300, )
     info = ops.packet_of(codes)
     assert packet is info.buffer and received.dtype == torch.uint8 and received.numel() == 2 * info.layout.nbytes
     handle.wait()
     handle.wait()
-    assert handle.work.waits == 1 and gathers._packets(handle) == (received, info.layout)
+    assert handle.work.waits == 1 and protocol.packets(handle) == (received, info.layout)
 
 
 def test_fetch_sends_anything_else_as_upstream(fetch, monkeypatch):
@@ -159,29 +160,33 @@ def test_fetch_sends_anything_else_as_upstream(fetch, monkeypatch):
     plain = torch.randn(8)
     seam(plain, torch.empty(16))  # not a packet
     codes, scales = ops.quantize_packed(torch.randn(64), backend="torch")
-    seam(scales, torch.empty(2))  # scales first: both go on their own
-    seam(codes, torch.empty(128, dtype=torch.int8))
+    seam(scales, torch.empty(2))  # scales without their codes before them go on their own
     moved, _ = ops.quantize_packed(torch.randn(64), backend="torch")
     seam(moved.clone(), torch.empty(128, dtype=torch.int8))  # codes off their packet
-    assert [call[0] for call in sent.calls[:3]] == [plain, scales, codes] and len(sent.calls) == 4
-    monkeypatch.setattr(gathers, "_readers_patched", lambda: False)
+    later, later_scales = ops.quantize_packed(torch.randn(64), backend="torch")
+    seam(later, torch.empty(128, dtype=torch.int8))  # a packet...
+    seam(codes, torch.empty(128, dtype=torch.int8))  # ...whose scales do not come next: they go on their own
+    seam(later_scales, torch.empty(2))
+    assert [call[0] for call in sent.calls[:2]] == [plain, scales] and len(sent.calls) == 6
+    assert sent.calls[3][0] is ops.packet_of(later).buffer and sent.calls[5][0] is later_scales
+    monkeypatch.setattr(protocol, "readers_patched", lambda: False)
     codes, scales = ops.quantize_packed(torch.randn(64), backend="torch")
     seam(codes, torch.empty(128, dtype=torch.int8))  # the seams that read packets are not there
     seam(scales, torch.empty(2))
-    assert [call[0] for call in sent.calls[4:]] == [codes, scales]
+    assert [call[0] for call in sent.calls[6:]] == [codes, scales]
 
 
 def test_packets_only_where_the_handles_read_them():
     from deepspeed_zeropp.patching import apply
     try:
         apply.patch(backend="torch", exclude=["AllGatherHandle.wait"])
-        assert not gathers._readers_patched()
+        assert not protocol.readers_patched()
         apply.unpatch()
         apply.patch(backend="torch")
-        assert gathers._readers_patched()
+        assert protocol.readers_patched()
     finally:
         apply.unpatch()
-    assert not gathers._readers_patched()
+    assert not protocol.readers_patched()
 
 
 def test_a_sent_packet_is_freed_without_the_garbage_collector(monkeypatch):
@@ -189,7 +194,7 @@ def test_a_sent_packet_is_freed_without_the_garbage_collector(monkeypatch):
     packet: dropping the fetch's references frees the packet at once."""
     import gc
     import weakref
-    monkeypatch.setattr(gathers, "_readers_patched", lambda: True)
+    monkeypatch.setattr(protocol, "readers_patched", lambda: True)
 
     class Holding(_Work):
 
@@ -197,7 +202,7 @@ def test_a_sent_packet_is_freed_without_the_garbage_collector(monkeypatch):
             super().__init__()
             self.sent = sent
 
-    seam = gathers.fetch_allgather(lambda input_tensor, output_tensor, group=None: Holding(input_tensor))
+    seam = protocol.fetch_allgather(lambda input_tensor, output_tensor, group=None: Holding(input_tensor))
     gc.disable()
     try:
         codes, scales = ops.quantize_packed(torch.randn(1000), backend="torch")

@@ -1,15 +1,15 @@
 """Seams at DeepSpeed's gathers: the all-gather handles (one parameter, a bucket), the NoGather handles (a partition
 group of one rank) and Init's synchronous gathers. Each dequantizes gathered codes; the wrappers tell the patched
-quantizer the dtype to hand back and how the codes are laid out (``scope.dequant_target``). The fetch's all-gather
-seam sends a fetch's codes and scales as one packet per rank, which the handles' seams then read."""
+quantizer the dtype to hand back and how the codes are laid out (``scope.dequant_target``). A fetch that sent
+packets (``fetch.py``, the fetch protocol) is read from its packets; a bucket's is completed there."""
 import contextlib
 
 import torch
 
-from ... import ops
 from ...formats.grouping import blocks_of
-from ..installed import is_patched
 from ..scope import dequant_target
+from . import fetch
+from .fetch import PacketGather, packets as _packets
 from .common import bucket_dtype, dtype_scoped, own_dtype, restore_dtypes, stored_quantized, weights_quantized
 
 
@@ -37,13 +37,28 @@ def _single_layout(handle, *args, **kwargs):
     return {"layout": blocks_of(block_numel) if block_numel else None}
 
 
-single_gather = dtype_scoped(lambda handle, *a, **k: [handle._AllGatherHandle__param],
-                             lambda handle, *a, **k: _single_quantization(handle) is not None,
-                             _single_layout,
-                             why=("Why this seam: AllGatherHandle.wait dequantizes one gathered parameter; before "
-                                  "0.19.6 without a dtype (fp16 back), and for padded partitions with the wrong "
-                                  "scale-to-element mapping. Wrapping wait reaches the handle after the all-gather, "
-                                  "where the parameter and its gathered buffer are both known."))
+_single_scoped = dtype_scoped(lambda handle, *a, **k: [handle._AllGatherHandle__param],
+                              lambda handle, *a, **k: _single_quantization(handle) is not None, _single_layout)
+
+
+def single_gather(original):
+    """Why this seam: AllGatherHandle.wait dequantizes one gathered parameter; before 0.19.6 without a dtype (fp16
+    back), and for padded partitions with the wrong scale-to-element mapping. Wrapping wait reaches the handle
+    after the all-gather, where the parameter and its gathered buffer are both known.
+
+    Seam factory for ``AllGatherHandle.wait``. A fetch that sent packets is completed by the fetch protocol
+    (``fetch.complete_single``: one dequantize of the packets, none of upstream's steps in between); other
+    quantized fetches (stored MixZ++ codes) run the original under dtype_scoped's dequantize target."""
+    scoped = _single_scoped(original)
+
+    def wrapper(handle, *args, **kwargs):
+        work = getattr(handle, "_AllGatherHandle__handle", None)
+        if type(work) is PacketGather and not getattr(handle, "_AllGatherHandle__complete", False):
+            return fetch.complete_single(handle, work)
+        return scoped(handle, *args, **kwargs)
+
+    return wrapper
+
 
 # --- AllGatherCoalescedHandle.wait: a bucket ------------------------------------------------------------------
 
@@ -82,9 +97,11 @@ def bucket_gather(original):
     dtype on every release (slices stay fp16 before 0.17.2). Dequantizing in the bucket's common dtype (fp32 when
     mixed) and casting each slice once keeps every dtype and its precision.
 
-    Seam factory for ``AllGatherCoalescedHandle.wait``: the common dequantize target of dtype_scoped. Each rank
-    quantized the concatenation of its partitions of the bucket, one block per rank; a bucket of stored MixZ++ codes
-    instead has one block per partition and rank, and float views of those partitions."""
+    Seam factory for ``AllGatherCoalescedHandle.wait``. A bucket whose fetch sent packets is completed by the
+    fetch protocol (``fetch.complete_bucket``: one dequantize, one copy per parameter, no per-rank split); other
+    quantized buckets run the original under the common dequantize target of dtype_scoped. Each rank quantized the
+    concatenation of its partitions of the bucket, one block per rank; a bucket of stored MixZ++ codes instead has
+    one block per partition and rank, and float views of those partitions."""
 
     def wrapper(handle, *args, **kwargs):
         if not getattr(handle, "quantization", None) or getattr(handle, "complete", False):
@@ -93,8 +110,8 @@ def bucket_gather(original):
         dtypes = [own_dtype(p) for p in params]
         packets = _packets(getattr(handle, "allgather_handle", None))
         if packets is not None:
-            layout = {"packed": packets}
-        elif stored_quantized(_bucket_partition(handle, params[0])):
+            return fetch.complete_bucket(handle, dtypes)
+        if stored_quantized(_bucket_partition(handle, params[0])):
             layout = {"segments": _stored_bucket_segments(handle)}
         else:
             layout = {"blocks": handle.world_size}
@@ -102,98 +119,6 @@ def bucket_gather(original):
             result = original(handle, *args, **kwargs)
         restore_dtypes(params, dtypes)
         return result
-
-    return wrapper
-
-
-# --- partition_parameters._dist_allgather_fn: a fetch's codes and scales in one all-gather ----------------------
-
-
-class PacketGather:
-    """The one all-gather of a fetch's packets (``formats/int8.py``), returned for both of DeepSpeed's all-gathers
-    (codes, then scales): waiting on it again returns at once. ``received`` holds every rank's packet, ``layout``
-    their ``int8.Packet``."""
-
-    def __init__(self, work, received, layout):
-        self.work, self.received, self.layout = work, received, layout
-        self._done = False
-
-    def wait(self, *args, **kwargs):
-        if not self._done:
-            self.work.wait(*args, **kwargs)
-            self._done = True
-        return True
-
-
-_APART = "sent apart"  # PacketInfo.sent once the packet's codes or scales went on their own
-READERS = ("AllGatherHandle.wait", "AllGatherCoalescedHandle.wait")  # the seams that read packets
-
-
-def _packets(work):
-    """``(received, layout)`` of a handle's all-gather when it carried packets, else None."""
-    return (work.received, work.layout) if isinstance(work, PacketGather) else None
-
-
-def _readers_patched():
-    return all(is_patched(name) for name in READERS)
-
-
-FETCH_SITE = "partition_parameters._dist_allgather_fn"  # its row in patching/sites.py
-
-
-def sends_packets():
-    """Whether this process sends quantized fetches as packets (the fetch seam and both readers patched): every
-    rank of a job must answer the same (the agreement check compares it)."""
-    return is_patched(FETCH_SITE) and _readers_patched()
-
-
-def _alias(unused, received):
-    """Point ``unused`` (the receive buffer upstream allocated for codes or scales, which packets leave unread) at
-    ``received``'s memory, freeing its own: its shape and the views upstream takes of it stay valid, and a fetch
-    holds no more memory than with two all-gathers. Only a whole, contiguous buffer that fits is re-pointed."""
-    if (unused.device == received.device and not unused.requires_grad and unused.storage_offset() == 0
-            and unused.is_contiguous()
-            and unused.untyped_storage().nbytes() == unused.numel() * unused.element_size() <= received.numel()):
-        unused.set_(received.untyped_storage(), 0, unused.shape, unused.stride())
-
-
-def fetch_allgather(original):
-    """Why this seam: every fetch closure (bucket, single parameter, hpZ secondary) sends a quantized fetch as two
-    all-gathers through this function, the codes and then the scales: twice the collectives of an unquantized
-    fetch. Our quantizer returns both as views of one packet per rank and our handle seams read packets, so the
-    codes' call sends the whole packet and the scales' call sends nothing. The closures are local functions; this
-    module-level function is what they all call by name.
-
-    Seam factory for ``partition_parameters._dist_allgather_fn``: the all-gather that a fetch closure calls for
-    its codes and then for its scales. The patched quantizer returns both as views of one packet; when the codes of
-    a packet come here, the whole packet is all-gathered (into a new buffer of a packet per rank) and the
-    ``PacketGather`` handle is returned, also for the scales that follow, which then send nothing; upstream's
-    receive buffers, never read, share the packets' memory (``_alias``). Anything else
-    (unquantized buckets, stored MixZ++ codes, codes moved off their packet, scales sent first), and any call while
-    the handles' seams that read packets are not patched, runs the original."""
-
-    def wrapper(input_tensor, output_tensor, group=None):
-        info = ops.packet_of(input_tensor)
-        if info is None:
-            return original(input_tensor, output_tensor, group)
-        packet, layout, sent = info.buffer, info.layout, info.sent
-        if input_tensor.dtype == torch.float32:  # the scales
-            if isinstance(sent, PacketGather) and input_tensor.data_ptr() == packet.data_ptr() + layout.scales_at:
-                _alias(output_tensor, sent.received)
-                return sent
-            info.sent = _APART
-            return original(input_tensor, output_tensor, group)
-        codes = (input_tensor.dtype == torch.int8 and input_tensor.data_ptr() == packet.data_ptr()
-                 and input_tensor.numel() == layout.numel > 0 and output_tensor.numel() % layout.numel == 0)
-        if not codes or sent is not None or not _readers_patched():
-            info.sent = _APART
-            return original(input_tensor, output_tensor, group)
-        received = torch.empty(output_tensor.numel() // layout.numel * layout.nbytes,
-                               dtype=torch.uint8,
-                               device=output_tensor.device)
-        info.sent = PacketGather(original(packet, received, group), received, layout)
-        _alias(output_tensor, received)
-        return info.sent
 
     return wrapper
 
@@ -226,8 +151,15 @@ def _init_coalesced_quantized(init, params, hierarchy=0, quantize=False):
 
 
 # Process-group backends whose collectives on one group complete in launch order (one stream per communicator);
-# the simulated world (simulate/world.py) adds its own, which queues each group's collectives on one stream too.
+# others join with register_in_order_backend.
 IN_ORDER_BACKENDS = {"nccl"}
+
+
+def register_in_order_backend(name):
+    """Declare that the process-group backend ``name`` completes each group's collectives in launch order, as NCCL
+    does (the simulated world, which queues each group's collectives on one stream, registers its own): Init's
+    coalesced gathers of a quantized list then stay one call."""
+    IN_ORDER_BACKENDS.add(name)
 
 
 def _completes_in_order(init, params):

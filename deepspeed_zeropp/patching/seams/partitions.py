@@ -9,7 +9,7 @@ from ... import agreement
 from ...formats.dtypes import SUPPORTED_DTYPES
 from ..quantizer import QuantizerMethods
 from ..scope import DEFERRED, deferring_quantize
-from . import gathers
+from . import fetch
 from .common import own_dtype, stored_quantized, weights_quantized
 
 
@@ -59,11 +59,6 @@ def _float_stand_in(param, attr, rewritten):
         setattr(param, attr, codes if unchanged else QuantizerMethods.quantize_partition(written))
 
 
-def _has_been_updated(args, kwargs):
-    """``has_been_updated`` of ``_partition_param(param, buffer=None, has_been_updated=False, ...)``."""
-    return kwargs.get("has_been_updated", len(args) > 1 and args[1])
-
-
 def partition_seam(attr, why):
     """Seam factory for ``Init._partition_param`` (attr ``ds_tensor``) and ``_partition_param_sec``
     (``ds_secondary_tensor``). MixZ++: upstream quantizes the freshly allocated, still empty buffer and then copies
@@ -76,13 +71,13 @@ def partition_seam(attr, why):
         def wrapper(init, param, *args, **kwargs):
             # A partition that exists and is not being rewritten is left as it is (ZeRO-3 only frees the gathered
             # weights): nothing to defer, stand in for or zero. This is the call of every release after a fetch.
-            if not weights_quantized(init) or (getattr(param, attr, None) is not None
-                                               and not _has_been_updated(args, kwargs)):
+            updated = kwargs.get("has_been_updated", len(args) > 1 and args[1])  # checked first: the common call
+            if (not updated and getattr(param, attr, None) is not None) or not weights_quantized(init):
                 return original(init, param, *args, **kwargs)
             fresh = (getattr(param, attr, None) is None and not param.requires_grad
                      and getattr(init, "quantized_nontrainable_weights", False))
             if not fresh:
-                with _float_stand_in(param, attr, _has_been_updated(args, kwargs)):
+                with _float_stand_in(param, attr, updated):
                     result = original(init, param, *args, **kwargs)
                     _zero_padding(param, attr, _partition_rank(init, param, attr))
                 return result
@@ -146,7 +141,8 @@ def nontrainable_seam(original):
     def wrapper(optimizer, *args, **kwargs):
         if not getattr(optimizer, "zero_quantized_nontrainable_weights", False):
             return original(optimizer, *args, **kwargs)
-        agreement.ensure(gathers.sends_packets)  # the codes made here are gathered next; no quantize call may have come before
+        agreement.ensure(
+            fetch.sends_packets)  # the codes made here are gathered next; no quantize call may have come before
         return quantize_nontrainable_params(optimizer, *args, **kwargs)
 
     return wrapper

@@ -7,7 +7,7 @@ runs the same wire format (``agreement.ensure``: once per process, and only with
 calls them for nothing else)."""
 from ... import agreement, loco, qgz
 from ..quantizer import QuantizerMethods
-from . import gathers
+from . import fetch
 from .common import replace_with
 
 
@@ -19,7 +19,7 @@ def agreed_first(impl, why):
     def factory(original):
 
         def method(*args, **kwargs):
-            agreement.ensure(gathers.sends_packets)
+            agreement.ensure(fetch.sends_packets)
             return impl(*args, **kwargs)
 
         return method

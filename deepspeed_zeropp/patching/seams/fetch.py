@@ -1,0 +1,162 @@
+"""The fetch protocol: a quantized fetch's codes and scales go out as one packet per rank (``formats/int8.py``,
+the wire format in docs/numerics.md), and a bucket's wait writes each parameter's values where it reads them.
+
+Owns all of the protocol's state: which packet's all-gather is under way (:class:`PacketGather`, the handle
+DeepSpeed keeps for both of its all-gathers), and which sites must be patched for packets to be sent (the
+handles' seams read them). The seams in ``gathers.py`` call in here; nothing else reads or writes that state.
+
+A fetch, as DeepSpeed's closures make it (every release since 0.14.4): quantize the flat partitions of the
+parameters (our quantizer returns codes and scales as views of one packet, ``ops.quantize_packed``), all-gather
+the codes, then the scales, through ``partition_parameters._dist_allgather_fn``; later wait on the handle, which
+dequantizes and splits the gathered buffer per parameter and per rank. Here the codes' call sends the whole
+packet and the scales' call sends nothing; a bucket's wait dequantizes every rank's packet in one call and copies
+each parameter's values into its own buffer, one copy per parameter instead of a narrow per rank and a
+concatenation.
+"""
+import torch
+
+from ... import backends, ops
+from ..installed import replaced
+from .common import own_dtype
+
+FETCH_SITE = "partition_parameters._dist_allgather_fn"  # this seam's row name in patching/sites.py
+READERS = ("AllGatherHandle.wait", "AllGatherCoalescedHandle.wait")  # the seams that read packets
+
+
+class PacketGather:
+    """The one all-gather of a fetch's packets, returned for both of DeepSpeed's all-gathers (codes, then scales):
+    waiting on it again returns at once. ``received`` holds every rank's packet, ``layout`` their ``int8.Packet``."""
+
+    __slots__ = ("work", "received", "layout", "_done")
+
+    def __init__(self, work, received, layout):
+        self.work, self.received, self.layout = work, received, layout
+        self._done = False
+
+    def wait(self, *args, **kwargs):
+        if not self._done:
+            self.work.wait(*args, **kwargs)
+            self._done = True
+        return True
+
+
+# The packet whose codes went out last and its PacketGather, until its scales come (DeepSpeed sends them next, from
+# the same closure); cleared then, so that nothing here keeps a packet alive.
+_pending = None
+
+
+def packets(work):
+    """``(received, layout)`` of a handle's all-gather when it carried packets, else None."""
+    return (work.received, work.layout) if type(work) is PacketGather else None
+
+
+def readers_patched():
+    return READERS[0] in replaced and READERS[1] in replaced
+
+
+def sends_packets():
+    """Whether this process sends quantized fetches as packets (the fetch seam and both readers patched): every
+    rank of a job must answer the same (the agreement check compares it)."""
+    return FETCH_SITE in replaced and readers_patched()
+
+
+def _alias(unused, received):
+    """Point ``unused`` (the receive buffer upstream allocated for the codes, which packets leave unread) at
+    ``received``'s memory, freeing its own: its shape and the views upstream takes of it stay valid, and a fetch
+    holds no more memory than with two all-gathers. Only a whole, contiguous buffer that fits is re-pointed."""
+    if (unused.device == received.device and not unused.requires_grad and unused.storage_offset() == 0
+            and unused.is_contiguous() and unused.untyped_storage().nbytes() == unused.numel() <= received.numel()):
+        unused.set_(received.untyped_storage(), 0, unused.shape, unused.stride())
+
+
+def fetch_allgather(original):
+    """Why this seam: every fetch closure (bucket, single parameter, hpZ secondary) sends a quantized fetch as two
+    all-gathers through this function, the codes and then the scales: twice the collectives of an unquantized
+    fetch. Our quantizer returns both as views of one packet per rank and our handle seams read packets, so the
+    codes' call sends the whole packet and the scales' call sends nothing. The closures are local functions; this
+    module-level function is what they all call by name.
+
+    Seam factory for ``partition_parameters._dist_allgather_fn``. When the codes of a packet come (the packet's
+    start, its whole numel, an output of whole ranks), the packet is all-gathered into a new buffer of a packet
+    per rank and the ``PacketGather`` returned; the scales of that packet, next, get the same handle and send
+    nothing. Upstream's codes receive buffer, never read, shares the packets' memory (``_alias``). Anything else
+    (unquantized buckets, stored MixZ++ codes, codes moved off their packet, scales without their codes before
+    them), and any call while the handles' seams that read packets are not patched, runs the original."""
+
+    def wrapper(input_tensor, output_tensor, group=None):
+        global _pending
+        info = ops.packet_of(input_tensor)
+        if info is None:
+            return original(input_tensor, output_tensor, group)
+        pending, _pending = _pending, None
+        packet, layout = info.buffer, info.layout
+        if input_tensor.dtype == torch.float32:  # the scales
+            if pending is not None and pending[0] is info:
+                return pending[1]
+            return original(input_tensor, output_tensor, group)
+        if not (input_tensor.dtype == torch.int8 and input_tensor.data_ptr() == packet.data_ptr()
+                and input_tensor.numel() == layout.numel > 0 and output_tensor.numel() % layout.numel == 0
+                and readers_patched()):
+            return original(input_tensor, output_tensor, group)
+        received = torch.empty(output_tensor.numel() // layout.numel * layout.nbytes,
+                               dtype=torch.uint8,
+                               device=output_tensor.device)
+        gather = PacketGather(original(packet, received, group), received, layout)
+        _alias(output_tensor, received)
+        _pending = (info, gather)
+        return gather
+
+    return wrapper
+
+
+def complete_single(handle, work):
+    """Finish ``AllGatherHandle.wait`` for a parameter whose fetch sent packets (``work``, its ``PacketGather``), as
+    upstream's wait would leave it: ``data`` the gathered values (every rank's packet, cut to ``ds_numel``) in the
+    parameter's own dtype and shape, its status AVAILABLE, the handle complete (the flag 0.19.6+ reads; earlier
+    releases have none and get ours)."""
+    param = handle._AllGatherHandle__param
+    work.wait()
+    param.data = ops.dequantize_packed(work.received,
+                                       work.layout,
+                                       param.ds_shape,
+                                       own_dtype(param),
+                                       backend=backends.default())
+    param.ds_status = type(param.ds_status).AVAILABLE
+    handle._AllGatherHandle__complete = True
+
+
+def complete_bucket(handle, dtypes):
+    """Finish ``AllGatherCoalescedHandle.wait`` for a bucket whose fetch sent packets, as upstream's wait would
+    leave it: every parameter's ``data`` its gathered values in its own dtype (``dtypes``) and shape, its status
+    AVAILABLE, the handle complete. One dequantize of every rank's packet (in the bucket's common dtype, fp32 when
+    mixed), then one copy per parameter from the ranks' parts into a buffer of its own (so each parameter's memory
+    is freed when DeepSpeed releases it, as upstream's).
+
+    Each rank's packet holds its partitions of the bucket's parameters back to back: ``ds_tensor.ds_numel`` each
+    (times ``ds_secondary_tensor_num_of_groups`` for the hpZ secondary partitions), the last rank's padded; a
+    parameter's values are its part of every rank in rank order, cut to ``ds_numel``. Every tensor made here is
+    made and read on the stream current at the wait, so none needs ``record_stream``."""
+    work = handle.allgather_handle
+    work.wait()
+    handle.quantization.quant_handle.wait()
+    received, layout = work.received, work.layout
+    ranks = received.numel() // layout.nbytes
+    values = ops.dequantize_packed(received,
+                                   layout, (ranks, layout.numel),
+                                   dtypes[0] if len(set(dtypes)) == 1 else torch.float32,
+                                   backend=backends.default())
+    params = handle.params
+    available = type(params[0].ds_status).AVAILABLE
+    secondary = handle.use_secondary_tensor
+    device = received.device
+    at = 0
+    for param, dtype in zip(params, dtypes):
+        part = param.ds_tensor.ds_numel
+        if secondary:
+            part *= param.ds_secondary_tensor_num_of_groups
+        gathered = torch.empty(ranks * part, dtype=dtype, device=device)
+        gathered.view(ranks, part).copy_(values.narrow(1, at, part))
+        param.data = gathered.narrow(0, 0, param.ds_numel).view(param.ds_shape)
+        param.ds_status = available
+        at += part
+    handle.complete = True
