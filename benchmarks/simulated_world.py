@@ -77,7 +77,18 @@ def render(out):
         "GPU kernels per step (a simulated collective is one copy kernel, as an NCCL collective is one kernel). "
         "Host waits: the CUDA runtime's synchronize calls per step, each a stall of the host until the GPU has caught "
         "up (- where a run was not profiled). Collectives and MiB are per step; MiB are what this rank sends under the ring algorithm "
-        "(`deepspeed_zeropp/simulate/link.py`).", ""
+        "(`deepspeed_zeropp/simulate/link.py`)."
+        " Comm exposed / modelled ms (tables rendered since that column exists): the time per step during which a "
+        "collective runs on a process group's stream while no other GPU work runs "
+        "(`deepspeed_zeropp/simulate/timeline.py`, two profiled steps under the link), over the link model's time "
+        "of the timed steps; - where not profiled. What the link model leaves out: every process group has its own"
+        " stream and each collective gets its link class's full per-GPU bandwidth whatever else is in flight, so "
+        "collectives of different groups that cross one NIC at once (in backward: weight re-fetches on the world "
+        "group beside gradient reduce-scatters on DeepSpeed's clone of it, or qgZ's inter-node all-to-alls) each "
+        "run at full speed where on a cluster they would share it, taking up to twice as long. Link time and "
+        "exposed communication are therefore optimistic by up to the time two or more communication streams run at"
+        " once (`comm_concurrent_ms_per_step` in the JSON, an upper bound: it also counts NVLink beside NIC "
+        "traffic); forward, which only gathers, is not affected.", ""
     ]
     for name, results in loaded.items():
         table, ratios = report.summary(results)

@@ -14,8 +14,9 @@ inter-node link's, which bounds the ring. ``beta`` is a GPU's share of its link:
 its GPUs, since all of a node's GPUs cross it at once in ZeRO-3's world-wide collectives.
 
 Left out: NCCL's own use of SMs and memory bandwidth (only the simulated copies run), several communicators
-sharing one link at the same time (each group's collectives queue on its own stream), protocol and chunking
-effects (LL vs Simple), and the host's launch cost of NCCL (the simulated group's host cost stands in for it).
+sharing one link at the same time (each group's collectives queue on its own stream and get the full bandwidth;
+timeline.py's concurrent time bounds what that leaves out), protocol and chunking effects (LL vs Simple), and the
+host's launch cost of NCCL (the simulated group's host cost stands in for it).
 """
 from typing import NamedTuple
 

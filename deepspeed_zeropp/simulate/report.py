@@ -9,6 +9,9 @@ def _spread(values):
     return {"median": statistics.median(values), "low": min(values), "high": max(values), "n": len(values)}
 
 
+COMMUNICATION_FIGURES = ("exposed_comm_ms_per_step", "comm_ms_per_step", "comm_concurrent_ms_per_step")
+
+
 def summary(results):
     """{link: {config: figures}} and {link: {"A vs B": ratio spread}}; ratio = B's step time / A's (speed-up of A)."""
     table, ratios = {}, {}
@@ -29,6 +32,11 @@ def summary(results):
                 "kernel_ms_per_step": once.get("kernel_ms_per_step"),
                 "kernel_launches_per_step": once.get("kernel_launches_per_step"),
                 "host_waits_per_step": once.get("host_waits_per_step"),
+                # exposed, total and concurrent communication of profiled steps under this link (timeline.py)
+                **{
+                    k: once.get("profiled_links", {}).get(link, {}).get(k)
+                    for k in COMMUNICATION_FIGURES
+                },
                 "peak_memory_gb": max((r.get("peak_memory_gb") or 0 for r in runs), default=None) or None,
                 "build_s": once.get("build_s"),
             }
@@ -75,8 +83,8 @@ def recommend(table, link):
 def markdown_table(table, ratios, link):
     lines = [
         "| configuration | step ms (median, low-high) | vs unquantized | vs upstream | host CPU ms | GPU kernel ms "
-        "| launches | host waits | collectives | MiB sent intra / inter | peak GiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|"
+        "| launches | host waits | comm exposed / modelled ms | collectives | MiB sent intra / inter | peak GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"
     ]
     for key, row in table[link].items():
         step = row["step_ms"]
@@ -91,10 +99,17 @@ def markdown_table(table, ratios, link):
             f"| {row['label']} | {step['median']:.0f} ({step['low']:.0f}-{step['high']:.0f}) | "
             f"{_ratio(vs_unq)} | {_ratio(vs_up)} | {row['cpu_ms']['median']:.0f} | "
             f"{fmt(row['kernel_ms_per_step'])} | {fmt(row['kernel_launches_per_step'])} | "
-            f"{fmt(row.get('host_waits_per_step'))} | "
+            f"{fmt(row.get('host_waits_per_step'))} | {_exposed(row)} | "
             f"{sum(row['collectives_per_step'].values()):.0f} | "
             f"{wire.get('intra', 0):.0f} / {wire.get('inter', 0):.0f} | {fmt(row['peak_memory_gb'], '.1f')} |")
     return "\n".join(lines)
+
+
+def _exposed(row):
+    """Communication ms per step left exposed by the compute (profiled steps) over the link model's time (timed
+    steps); - for a figure not measured (no profile, no CUDA) or not modelled (a free link)."""
+    exposed, modelled = row.get("exposed_comm_ms_per_step"), sum((row.get("modelled_link_ms_per_step") or {}).values())
+    return f"{'-' if exposed is None else format(exposed, '.1f')} / {format(modelled, '.1f') if modelled else '-'}"
 
 
 def _ratio(spread):

@@ -5,7 +5,7 @@ turn, the order rotated one further each repetition (A B C, B C A, ...), one unt
 each link model, so a ratio between two configurations is taken within one repetition (:func:`run`). Per block:
 step times, host CPU time, losses, skipped steps, collectives (by kind, dtype and link class), the bytes this rank
 sends per link class and the peak memory; once per configuration, after the repetitions, the GPU kernel time and
-launches of two profiled steps.
+launches of two profiled steps, and per modelled link two more, for the communication the compute leaves exposed.
 """
 import math
 import statistics
@@ -16,7 +16,7 @@ import torch
 
 from ..patching.sites import FETCH_SITE as PACKET_SITE  # one all-gather per quantized fetch
 from ..teardown import release
-from . import config as configs, model as models, world
+from . import config as configs, model as models, timeline, world
 
 QWZ = {"zero_quantized_weights": True}
 QGZ = {"zero_quantized_weights": True, "zero_quantized_gradients": True}
@@ -135,7 +135,9 @@ def step(engine, shape, micro_batch, index):
 
 def profiled(engine, shape, micro_batch, first, steps=2):
     """GPU kernel time, kernel launches and host waits for the GPU (the CUDA runtime's synchronize calls: each
-    stalls the host until the GPU catches up) per step, over ``steps`` profiled steps (not the timed ones)."""
+    stalls the host until the GPU catches up) per step, over ``steps`` profiled steps (not the timed ones); and the
+    communication the compute leaves exposed, with the collectives' time in all and concurrent (timeline.py: None
+    where no link model put a collective's time on the timeline)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -150,7 +152,24 @@ def profiled(engine, shape, micro_batch, first, steps=2):
         "kernel_ms_per_step": sum(e.device_time_total for e in kernels) / 1e3 / steps,
         "kernel_launches_per_step": len(kernels) / steps,
         "host_waits_per_step": len(waits) / steps,
+        **timeline.figures(prof.events(), steps),
     }
+
+
+def profiled_links(engine, plan, first, steps=2):
+    """{link: figures} of ``steps`` profiled steps under each of the plan's modelled links: exposed, total and
+    concurrent communication ms per step (timeline.py), beside the link model's time of the same steps."""
+    found = {}
+    try:
+        for i, (name, link) in enumerate((n, link) for n, link in plan.links.items() if link is not None):
+            world.set_link(link)
+            world.reset_counts()
+            figures = profiled(engine, plan.shape, plan.micro_batch, first + i * steps, steps)
+            found[name] = {k: v for k, v in figures.items() if k.startswith(("exposed_comm", "comm"))}
+            found[name]["modelled_link_ms_per_step"] = sum(counted(steps)["modelled_link_ms"].values())
+    finally:
+        world.set_link(None)
+    return found
 
 
 SYNCHRONIZE_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
@@ -272,7 +291,9 @@ def run(plan, progress=print, on_rep=None):
             for key in kept:
                 progress(f"profiling {CONFIGS[key].label}")
                 set_patch(CONFIGS[key])
-                results["runs"][key].update(profiled(engines[key], plan.shape, plan.micro_batch, 10**6))
+                figures = profiled(engines[key], plan.shape, plan.micro_batch, 10**6)  # no link: no comm figures
+                results["runs"][key].update({k: v for k, v in figures.items() if v is not None})
+                results["runs"][key]["profiled_links"] = profiled_links(engines[key], plan, 10**6 + 2)
     finally:
         set_patch(None)
         for engine in engines.values():

@@ -1,0 +1,140 @@
+"""The simulated world's exposed-communication figure: interval arithmetic on synthetic GPU timelines (integer times,
+exact results), the communication streams found by the sleep kernel, and profiler events read into activities."""
+from types import SimpleNamespace
+
+import pytest
+from torch.autograd import DeviceType
+
+from deepspeed_zeropp.simulate import timeline
+from deepspeed_zeropp.simulate.timeline import Activity, Exposure
+
+COMPUTE, COMM, COMM2 = 7, 20, 24  # stream ids as the profiler gives them
+SLEEP = "at::cuda::(anonymous namespace)::spin_kernel(long)"
+
+
+def kernel(stream, start, end, name="gemm", device=0):
+    return Activity(device, stream, start, end - start, name)
+
+
+def collective(stream, start, end, device=0):
+    return kernel(stream, start, end, SLEEP, device)
+
+
+def test_union_and_difference_of_intervals():
+    assert timeline.merged([(5, 9), (0, 3), (2, 4), (9, 10), (6, 7), (8, 8)]) == [(0, 4), (5, 10)]
+    assert timeline.length([(0, 10), (2, 3), (20, 25)]) == 15
+    assert timeline.uncovered([(0, 10)], [(2, 3), (5, 12)]) == 4
+    assert timeline.uncovered([(0, 10), (4, 6)], []) == 10
+    assert timeline.uncovered([], [(0, 10)]) == 0
+    assert timeline.overlapped([[(0, 10)], [(5, 15)], [(8, 9), (30, 40)]]) == 5
+    assert timeline.overlapped([[(0, 10)], [(5, 15)], [(8, 9)]], at_least=3) == 1
+    assert timeline.overlapped([[(0, 10)], [(10, 20)]]) == 0  # touching: never both at once
+
+
+@pytest.mark.parametrize(
+    "activities, expected",
+    [
+        ([], Exposure(0, 0, 0)),  # nothing ran
+        ([kernel(COMPUTE, 0, 100)], Exposure(0, 0, 0)),  # compute only
+        ([collective(COMM, 0, 50)], Exposure(50, 50, 0)),  # nothing to hide behind
+        # disjoint: all of it exposed
+        ([kernel(COMPUTE, 0, 10), collective(COMM, 20, 30),
+          kernel(COMPUTE, 40, 50)], Exposure(10, 10, 0)),
+        # nested in compute: hidden
+        ([kernel(COMPUTE, 0, 100), collective(COMM, 20, 30)], Exposure(0, 10, 0)),
+        # overlapping both ends: [0, 5) and [30, 40) exposed
+        ([collective(COMM, 0, 40), kernel(COMPUTE, 5, 20),
+          kernel(COMPUTE, 15, 30)], Exposure(15, 40, 0)),
+        # the collective's copy and its sleep on one stream are one collective; touching compute hides nothing more
+        ([kernel(COMM, 0, 4, "copy"), collective(COMM, 4, 20),
+          kernel(COMPUTE, 20, 30)], Exposure(20, 20, 0)),
+        # two communication streams: their union counts once, the time both run is concurrent
+        ([collective(COMM, 0, 30), collective(COMM2, 20, 50),
+          kernel(COMPUTE, 25, 45)], Exposure(30, 50, 10)),
+        # a side stream's kernel (not communication) hides a collective as the compute stream's does
+        ([collective(COMM, 0, 30), kernel(COMPUTE, 0, 10),
+          kernel(9, 10, 20, "copy")], Exposure(10, 30, 0)),
+    ])
+def test_exposure(activities, expected):
+    streams = timeline.communication_streams(activities)
+    assert timeline.exposure(activities, streams) == expected
+
+
+def test_exposure_per_device():
+    # compute on device 1 hides nothing of device 0's collective; a stream id is a stream of its device only
+    activities = [collective(COMM, 0, 10), kernel(COMPUTE, 0, 10, device=1), kernel(COMM, 0, 10, device=1)]
+    streams = timeline.communication_streams(activities)
+    assert streams == {(0, COMM)}
+    assert timeline.exposure(activities, streams) == Exposure(10, 10, 0)
+
+
+def _event(name, stream, start_us, end_us, device_type=DeviceType.CUDA, kind="kernel"):
+    return SimpleNamespace(name=name,
+                           device_type=device_type,
+                           device_index=0,
+                           device_resource_id=stream,
+                           thread=1,
+                           activity_type=kind,
+                           time_range=SimpleNamespace(start=start_us, end=end_us))
+
+
+def test_figures_from_profiler_events():
+    events = [
+        _event("aten::mm", 1, 0.0, 100.0, DeviceType.CPU, "cpu_op"),  # host side: not on the GPU timeline
+        _event("gemm", COMPUTE, 0.0, 1000.0),
+        _event("Memcpy DtoD (Device -> Device)", COMM, 500.0, 1500.0, kind="gpu_memcpy"),  # a collective's copy
+        _event(SLEEP, COMM, 1500.0, 3500.0),
+        _event("Optimizer.step#AdamW.step", COMPUTE, 0.0, 4000.0, kind="gpu_user_annotation"),  # a marker, no work
+        _event("gemm", COMPUTE, 3000.0, 4000.0),
+    ]
+    assert timeline.from_profile(events)[0] == Activity(0, COMPUTE, 0, 1_000_000, "gemm")
+    assert timeline.figures(events, steps=2) == {
+        "exposed_comm_ms_per_step": 1.0,  # [1000, 3000) us over 2 steps
+        "comm_ms_per_step": 1.5,
+        "comm_concurrent_ms_per_step": 0.0,
+    }
+    no_link = [e for e in events if e.name != SLEEP]  # a free link: copies only, no communication stream known
+    assert set(timeline.figures(no_link, steps=2).values()) == {None}
+
+
+def test_report_shows_exposed_beside_modelled():
+    from deepspeed_zeropp.simulate import report
+    link = "100 Gbit/s"
+
+    def block(modelled):
+        figures = {"median_ms": 100.0, "median_cpu_ms": 90.0, "collectives": {"all_gather/bfloat16/inter": 4}}
+        return {"by_link": {link: dict(figures, wire_mb={"inter": 8.0}, modelled_link_ms=modelled, problems=[])}}
+
+    results = {
+        "configs": ["unquantized", "ours-qwz"],
+        "links": {
+            link: "modelled"
+        },
+        "reps": [{
+            "unquantized": block({"inter": 30.0}),
+            "ours-qwz": block({
+                "inter": 12.0,
+                "intra": 0.5
+            })
+        }],
+        "runs": {
+            "unquantized": {},  # not profiled (CPU, --no-profile)
+            "ours-qwz": {
+                "kernel_launches_per_step": 10.0,
+                "profiled_links": {
+                    link: {
+                        "exposed_comm_ms_per_step": 2.25,
+                        "comm_ms_per_step": 12.0,
+                        "comm_concurrent_ms_per_step": 0.0,
+                        "modelled_link_ms_per_step": 12.5
+                    }
+                }
+            }
+        },
+    }
+    table, ratios = report.summary(results)
+    assert table[link]["ours-qwz"]["exposed_comm_ms_per_step"] == 2.25
+    assert table[link]["unquantized"]["exposed_comm_ms_per_step"] is None
+    lines = report.markdown_table(table, ratios, link).splitlines()
+    column = lines[0].split(" | ").index("comm exposed / modelled ms")
+    assert [line.split(" | ")[column] for line in lines[2:]] == ["- / 30.0", "2.2 / 12.5"]
