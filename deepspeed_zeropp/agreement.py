@@ -21,8 +21,16 @@ order):
   so a fully patched job pays one round trip to the store per rank, once, and no collective;
 - otherwise (a rank missing or different, or the store gone) it reads what every rank published and raises
   :class:`AgreementError` naming the ranks, their hosts where known, what each runs and how to fix it.
+
+A store that cannot take part (its key-value calls not implemented, as in torch's ``FakeStore``, or failing at once)
+raises :class:`AgreementError` naming the store, the call and torch's message, rather than torch's error or a wait
+for the whole bound. Two worlds are not checked, and rank 0 says so in one line per process: torch's ``fake``
+backend (one process standing for every rank: no peers to ask), and a job run with ``DEEPSPEED_ZEROPP_AGREEMENT=off``
+(``_env.py``), for a launcher known to patch every rank alike; a rank left unpatched then goes unnoticed.
 """
 import json
+import logging
+import os
 import socket
 from datetime import timedelta
 from typing import NamedTuple
@@ -32,8 +40,12 @@ from ._version import __version__
 
 TIMEOUT = 300.0  # seconds: far beyond the skew of healthy ranks reaching their first quantized collective
 KEY = "deepspeed_zeropp/agreement"
+FAKE_BACKEND = "fake"  # torch's process group without peers (torch.testing._internal.distributed.fake_pg)
+STORE_CALLS = ("set", "wait", "check", "get")  # what the check needs of the process group's store
+logger = logging.getLogger("deepspeed_zeropp")
 _agreed = None  # the backend name of the last check that passed
 _round = 0  # checks this process has started: the round of the next one
+_noted = set()  # why checks were skipped, each said once per process
 
 
 class AgreementError(RuntimeError):
@@ -83,7 +95,8 @@ def own_answer(packets):
 
 def ensure(sends_packets):
     """Return once every rank of the default process group runs the patch with this rank's wire format and backend
-    family; raise :class:`AgreementError` otherwise. Nothing to check without torch.distributed or with one rank.
+    family; raise :class:`AgreementError` otherwise. Nothing to check without torch.distributed, with one rank or under
+    torch's ``fake`` backend; not checked with ``DEEPSPEED_ZEROPP_AGREEMENT=off`` (a bad value raises ValueError).
     Checked once per process and backend: on the hot path (every quantize) only the backend name is compared, so a
     process group set up again in the same process (after ``destroy_process_group``) is not checked again.
     ``sends_packets``: a function answering whether this process sends quantized fetches as packets, called only
@@ -103,40 +116,114 @@ def _check(sends_packets):
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_initialized():
         return
+    wanted = _env.agreement_wanted()  # a bad value stops every world, also one that is not checked
     backend = backends.default()
     world, rank = dist.get_world_size(), dist.get_rank()
-    if world > 1:
+    if world < 2:
+        pass  # no peer to disagree with
+    elif dist.get_backend() == FAKE_BACKEND:
+        _note(
+            rank, FAKE_BACKEND, logging.INFO,
+            f"deepspeed_zeropp: torch.distributed runs the '{FAKE_BACKEND}' backend ({world} ranks stood for by "
+            f"this process, no peers): the check that every rank runs the patch alike does not run")
+    elif not wanted:
+        _note(
+            rank, "off", logging.WARNING,
+            f"deepspeed_zeropp: {_env.AGREEMENT_ENV}={os.environ.get(_env.AGREEMENT_ENV)}: the ranks do not check "
+            f"that all run the patch alike; a rank left unpatched trains on different numerics without a word")
+    else:
         prefix = f"{KEY}/{_round}"
         _round += 1  # also after a failed round: a later check never meets this round's keys
         exchange(_store(), rank, world, own_answer(sends_packets()), timeout(), prefix)
     _agreed = backend
 
 
+def _note(rank, why, level, line):
+    """Rank 0 logs ``line`` the first time this process skips the check for reason ``why``."""
+    if rank == 0 and why not in _noted:
+        logger.log(level, line)
+    _noted.add(why)
+
+
 def exchange(store, rank, world, mine, seconds, prefix):
     """Publish ``mine`` as rank ``rank`` under ``prefix`` in ``store`` and wait at most ``seconds`` for every rank's
     answer with the same token; raise :class:`AgreementError` if they are not all there."""
-    store.set(f"{prefix}/rank{rank}", mine.encode())
-    store.set(f"{prefix}/{mine.token}/rank{rank}", "1")
+    for key, value in ((f"{prefix}/rank{rank}", mine.encode()), (f"{prefix}/{mine.token}/rank{rank}", "1")):
+        try:
+            store.set(key, value)
+        except Exception as error:  # the first call: a store that cannot take keys says so here, at once
+            raise AgreementError(store_message(store, "set", error, rank, world)) from error
     try:
         store.wait([f"{prefix}/{mine.token}/rank{peer}" for peer in range(world)], timedelta(seconds=seconds))
         return
-    except Exception:  # the wait's timeout, or the store gone with the rank that held it (reading says which)
-        pass
+    except Exception as error:  # the wait's timeout, or the store gone with the rank that held it (reading says)
+        if _not_implemented(error):
+            raise AgreementError(store_message(store, "wait", error, rank, world)) from error
     answers, unreadable = _read_answers(store, prefix, world)
+    if unreadable is not None and _not_implemented(unreadable[1]):
+        raise AgreementError(store_message(store, *unreadable, rank, world)) from unreadable[1]
     answers[rank] = mine
-    raise AgreementError(message(rank, world, answers, seconds, unreadable))
+    raise AgreementError(
+        message(rank, world, answers, seconds,
+                None if unreadable is None else f"{type(unreadable[1]).__name__}: {unreadable[1]}"))
 
 
 def _read_answers(store, prefix, world):
-    """Every rank's published answer (None where there is none), and why the store could not be read, if so."""
+    """Every rank's published answer (None where there is none), and the call that could not read the store and its
+    error (None if none failed)."""
     answers = {}
     for peer in range(world):
         key = f"{prefix}/rank{peer}"
+        call = "check"
         try:
-            answers[peer] = Answer.decode(store.get(key)) if store.check([key]) else None
+            if store.check([key]):
+                call = "get"
+                answers[peer] = Answer.decode(store.get(key))
+            else:
+                answers[peer] = None
         except Exception as error:
-            return answers, f"{type(error).__name__}: {error}"
+            return answers, (call, error)
     return answers, None
+
+
+def _not_implemented(error):
+    """Whether ``error`` says the store lacks the call (torch's words for a Python store missing a method, or a C++
+    one whose method is abstract), as opposed to a timeout or a lost connection."""
+    text = str(error)
+    return (isinstance(error, (NotImplementedError, AttributeError, TypeError)) or "Not implemented" in text
+            or "pure virtual" in text)
+
+
+def store_name(store):
+    """The store's class, seen through torch's ``PrefixStore`` (the default group's store is one, around the
+    store the job was initialised with)."""
+    import torch.distributed as dist
+    wrappers = ""
+    while isinstance(store, dist.PrefixStore):
+        wrappers += " inside PrefixStore"
+        store = store.underlying_store
+    cls = type(store)
+    module = "torch.distributed" if getattr(dist, cls.__name__, None) is cls else cls.__module__
+    return f"{module}.{cls.__qualname__}{wrappers}"
+
+
+def store_message(store, call, error, rank, world):
+    """The error text for a store that cannot take part in the check: ``call`` (one of :data:`STORE_CALLS`) raised
+    ``error``."""
+    missing = _not_implemented(error)
+    why = (f"this store does not implement {call}" if missing else
+           f"its {call} failed: the process serving it (rank 0, or the launcher's agent) may have stopped")
+    return (
+        f"deepspeed_zeropp: rank {rank} of {world} cannot check, before its first quantized collective, that every "
+        f"rank runs the patch alike: the process group's store ({store_name(store)}) failed at {call}: "
+        f"{type(error).__name__}: {error}\n"
+        f"The check needs the store's key-value calls ({', '.join(STORE_CALLS)}); {why}.\n"
+        f"Fix: initialise torch.distributed with a store that implements them (the env:// or tcp:// rendezvous "
+        f"gives a TCPStore, file:// a FileStore, or pass one as init_process_group(store=...); one process standing "
+        f"for every rank runs torch's '{FAKE_BACKEND}' backend, which is not checked); or, where the "
+        f"launcher is known to start every rank patched alike, set {_env.AGREEMENT_ENV}=off on every rank to skip "
+        f"the check (accepted: on, the default, or off). Off, a rank left unpatched is not stopped: it trains on "
+        f"different numerics without a word, or the job hangs or reads garbage.")
 
 
 def _ranges(ranks):

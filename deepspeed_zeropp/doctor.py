@@ -52,7 +52,8 @@ def _pth_locations():
 
 
 def _activation_checks():
-    """DEEPSPEED_ZEROPP and DEEPSPEED_ZEROPP_BACKEND as the installed .pth will read them."""
+    """DEEPSPEED_ZEROPP and DEEPSPEED_ZEROPP_BACKEND as the installed .pth will read them, and the agreement check's
+    variables."""
     from . import _env as auto
     from .backends import BACKENDS
     wanted = auto.requested()
@@ -66,6 +67,7 @@ def _activation_checks():
         timeout()
     except ValueError as error:
         yield PROBLEM, f"{error} (every ZeRO++ job would stop at its first quantized collective)"
+    yield from _agreement_switch_check()
     installed = [d for d in _pth_locations() if os.path.isfile(os.path.join(d, "deepspeed_zeropp.pth"))]
     if wanted is None:
         yield PROBLEM, auto.unrecognised_message()
@@ -79,6 +81,27 @@ def _activation_checks():
     elif not wanted:
         yield OK, (f"{auto.ENV} off: call deepspeed_zeropp.patch() or export {auto.ENV}=1 "
                    f"(deepspeed_zeropp.pth in {installed[0]})")
+
+
+def _agreement_switch_check():
+    """DEEPSPEED_ZEROPP_AGREEMENT, when set: what the ranks' agreement check (agreement.py) will do."""
+    from . import _env as auto
+    value = os.environ.get(auto.AGREEMENT_ENV)
+    if value is None:
+        return
+    try:
+        wanted = auto.agreement_wanted()
+    except ValueError as error:
+        yield PROBLEM, f"{error} (every ZeRO++ job would stop at its first quantized collective)"
+        return
+    if wanted:
+        yield OK, (f"{auto.AGREEMENT_ENV}={value}: at its first quantized collective every rank checks that all run "
+                   f"the patch alike (the default)")
+    else:
+        yield WARN, (f"{auto.AGREEMENT_ENV}={value}: the ranks do not check that all run the patch alike; a rank "
+                     f"left unpatched then trains on different numerics without a word (or the job hangs or reads "
+                     f"garbage) instead of stopping with an AgreementError; unset it unless the launcher is known "
+                     f"to patch every rank")
 
 
 def _launcher_check():
