@@ -189,16 +189,6 @@ void launch(const int8_t* codes,
         launch_with<Fmt, 1, uint64_t>(codes, scales, bits, rows, group_size, block_numel, stream);
 }
 
-template <typename... Args>
-void dispatch(Format format, Args&&... args)
-{
-    switch (format) {
-        case Format::kHalf: launch<HalfFormat>(args...); break;
-        case Format::kBFloat16: launch<BFloat16Format>(args...); break;
-        case Format::kFloat: launch<FloatFormat>(args...); break;
-    }
-}
-
 }  // namespace
 
 void launch_dequantize(Format format,
@@ -210,7 +200,10 @@ void launch_dequantize(Format format,
                        int64_t block_numel,
                        cudaStream_t stream)
 {
-    dispatch(format, codes, scales, out, Rows{1, numel, numel, {0, 0, 0}}, group_size, block_numel, stream);
+    const Rows layout{1, numel, numel, {0, 0, 0}};
+    dispatch_format(format, [&](auto fmt) {
+        launch<decltype(fmt)>(codes, scales, out, layout, group_size, block_numel, stream);
+    });
 }
 
 void launch_dequantize_rows(Format format,
@@ -227,7 +220,9 @@ void launch_dequantize_rows(Format format,
     const int64_t used = (count + row_numel - 1) / row_numel;
     const RowStrides strides = used == 1 ? RowStrides{0, 0, 0} : RowStrides{row_stride, row_stride / 4, row_numel};
     const Rows layout{used, row_numel, count - (used - 1) * row_numel, strides};
-    dispatch(format, codes, scales, out, layout, group_size, group_size, stream);
+    dispatch_format(format, [&](auto fmt) {
+        launch<decltype(fmt)>(codes, scales, out, layout, group_size, group_size, stream);
+    });
 }
 
 }  // namespace dszpp

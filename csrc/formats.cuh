@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "quantizer.h"
+
 namespace dszpp {
 
 struct HalfFormat {
@@ -40,6 +42,20 @@ struct FloatFormat {
     static __device__ __forceinline__ float to_float(uint32_t b) { return __uint_as_float(b); }
     static __device__ __forceinline__ Bits from_float(float f) { return __float_as_uint(f); }
 };
+
+// The one place a Format becomes its traits: calls launch(HalfFormat{}), launch(BFloat16Format{}) or
+// launch(FloatFormat{}), so that every launcher is a generic lambda instantiated for the three element formats, e.g.
+//   dispatch_format(format, [&](auto fmt) { launch<decltype(fmt)>(...); });
+// binding.cpp maps dtypes to Format (format_of) and refuses any other, so every Format reaching here is one of these.
+template <typename Launch>
+void dispatch_format(Format format, Launch&& launch)
+{
+    switch (format) {
+        case Format::kHalf: launch(HalfFormat{}); break;
+        case Format::kBFloat16: launch(BFloat16Format{}); break;
+        case Format::kFloat: launch(FloatFormat{}); break;
+    }
+}
 
 // N elements loaded or stored by one access; the raw member makes that access a single vector instruction.
 template <typename Raw, typename Element, int N>

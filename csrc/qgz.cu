@@ -474,17 +474,9 @@ void launch_qgz_encode(Format format,
                        uint8_t* out,
                        cudaStream_t stream)
 {
-    switch (format) {
-        case Format::kHalf:
-            encode<HalfFormat>(input, numel, chunk, padded_chunk, destinations, rows, out, stream);
-            break;
-        case Format::kBFloat16:
-            encode<BFloat16Format>(input, numel, chunk, padded_chunk, destinations, rows, out, stream);
-            break;
-        case Format::kFloat:
-            encode<FloatFormat>(input, numel, chunk, padded_chunk, destinations, rows, out, stream);
-            break;
-    }
+    dispatch_format(format, [&](auto fmt) {
+        encode<decltype(fmt)>(input, numel, chunk, padded_chunk, destinations, rows, out, stream);
+    });
 }
 
 void launch_qgz_reduce_encode(const uint8_t* in,
@@ -508,13 +500,9 @@ void launch_qgz_decode_sum(Format format,
                            int64_t count,
                            cudaStream_t stream)
 {
-    switch (format) {
-        case Format::kHalf: decode_sum<HalfFormat>(in, sources, padded_chunk, factor, out, count, stream); break;
-        case Format::kBFloat16:
-            decode_sum<BFloat16Format>(in, sources, padded_chunk, factor, out, count, stream);
-            break;
-        case Format::kFloat: decode_sum<FloatFormat>(in, sources, padded_chunk, factor, out, count, stream); break;
-    }
+    dispatch_format(format, [&](auto fmt) {
+        decode_sum<decltype(fmt)>(in, sources, padded_chunk, factor, out, count, stream);
+    });
 }
 
 void launch_qgz_encode_feedback(Format format,
@@ -530,20 +518,10 @@ void launch_qgz_encode_feedback(Format format,
                                 uint8_t* out,
                                 cudaStream_t stream)
 {
-    switch (format) {
-        case Format::kHalf:
-            encode_feedback<HalfFormat>(
-                input, numel, chunk, padded_chunk, destinations, rows, error, beta, keep, out, stream);
-            break;
-        case Format::kBFloat16:
-            encode_feedback<BFloat16Format>(
-                input, numel, chunk, padded_chunk, destinations, rows, error, beta, keep, out, stream);
-            break;
-        case Format::kFloat:
-            encode_feedback<FloatFormat>(
-                input, numel, chunk, padded_chunk, destinations, rows, error, beta, keep, out, stream);
-            break;
-    }
+    dispatch_format(format, [&](auto fmt) {
+        encode_feedback<decltype(fmt)>(
+            input, numel, chunk, padded_chunk, destinations, rows, error, beta, keep, out, stream);
+    });
 }
 
 void launch_qgz_reduce_encode_feedback(const uint8_t* in,

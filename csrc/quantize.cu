@@ -403,13 +403,9 @@ void launch_quantize(Format format,
                      int64_t numel,
                      cudaStream_t stream)
 {
-    switch (format) {
-        case Format::kHalf: launch<HalfFormat>(input, codes, scales, groups, group_size, numel, stream); break;
-        case Format::kBFloat16:
-            launch<BFloat16Format>(input, codes, scales, groups, group_size, numel, stream);
-            break;
-        case Format::kFloat: launch<FloatFormat>(input, codes, scales, groups, group_size, numel, stream); break;
-    }
+    dispatch_format(format, [&](auto fmt) {
+        launch<decltype(fmt)>(input, codes, scales, groups, group_size, numel, stream);
+    });
 }
 
 }  // namespace dszpp

@@ -181,9 +181,9 @@ def dequantize_ranks(codes, scales, layout, dtype):
 
 
 def _check_qgz(condition, message):
-    """Every qgZ argument is checked here, and only here (csrc/binding.cpp's qgZ functions check nothing): an
-    exception thrown inside the extension (std or c10) has been seen to crash the interpreter (torch 2.11, CUDA 13)
-    instead of raising."""
+    """Every qgZ argument is checked here first, so that a wrong one raises ValueError naming it; csrc/binding.cpp
+    checks the same conditions again before it launches (TORCH_CHECK: RuntimeError) for callers of the extension
+    that bypass this module."""
     if not condition:
         raise ValueError(f"deepspeed_zeropp qgZ kernels: {message}")
 
