@@ -31,6 +31,7 @@ INSTALLED_ONLY = (
     "tests/multirank/test_activation.py",  # the import hook, the launchers and the examples: ours, not DeepSpeed's
     "tests/unit/test_install.py",  # packaging
     "tests/multirank/test_agreement.py",  # the check runs in our entry points, through the store
+    "tests/multirank/test_fake_world.py",  # the same check's skip in torch's fake world (one process for 8 ranks)
     "tests/multirank/test_fetch_packets.py",  # packets vs DeepSpeed's two all-gathers; every other file trains on them
     "tests/multirank/test_simulate.py",  # a smoke of the simulate command, a tool for the newest release
     # our batching of qgZ's all-to-alls, called directly (the qgZ training test runs through DeepSpeed everywhere)
@@ -55,7 +56,8 @@ ROWS = (
     ("DEEPSPEED_ZEROPP=1 (HF Trainer, launchers), install", ("tests.multirank.test_activation.",
                                                              "tests.unit.test_install.")),
     ("one packet per fetch, agreement, simulate",
-     ("tests.multirank.test_fetch_packets.", "tests.multirank.test_agreement.", "tests.multirank.test_simulate.")),
+     ("tests.multirank.test_fetch_packets.", "tests.multirank.test_agreement.", "tests.multirank.test_fake_world.",
+      "tests.multirank.test_simulate.")),
 )
 
 
