@@ -52,8 +52,12 @@ def single_gather(original):
     scoped = _single_scoped(original)
 
     def wrapper(handle, *args, **kwargs):
+        if getattr(handle, "_AllGatherHandle__complete", False):
+            # upstream's flag (0.19.6+, whose wait then returns at once) or ours, set on every release by
+            # complete_single: before 0.19.6 a second wait would dequantize again, outside any dequantize target
+            return None
         work = getattr(handle, "_AllGatherHandle__handle", None)
-        if type(work) is PacketGather and not getattr(handle, "_AllGatherHandle__complete", False):
+        if type(work) is PacketGather:
             return fetch.complete_single(handle, work)
         return scoped(handle, *args, **kwargs)
 
