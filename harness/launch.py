@@ -4,7 +4,8 @@ import importlib.util
 import os
 
 from deepspeed_zeropp.demo.launch import DEVICES, JobFailed, run_ranks  # noqa: F401  (JobFailed: for callers)
-from deepspeed_zeropp.demo.launch import extensions_dir, free_port, release_shared_memory  # noqa: F401  (for tests)
+from deepspeed_zeropp.demo.launch import extensions_claimed, extensions_dir, free_port  # noqa: F401  (for tests)
+from deepspeed_zeropp.demo.launch import release_shared_memory  # noqa: F401  (for tests)
 
 # The folder above harness/: the ranks start ``python -m harness.worker`` from it whatever the working directory
 # (the repository root, the compatibility run's, a GPU host's).

@@ -1,6 +1,7 @@
 """Start a job of several ranks on this machine: one subprocess per rank, each running a worker module on a JSON job
 spec, rendezvous over TCP on localhost; rank 0 writes the results the caller gets back."""
 import contextlib
+import fcntl
 import glob
 import json
 import os
@@ -39,6 +40,30 @@ def extensions_dir():
                         f"torch_extensions_ds{version('deepspeed')}")
 
 
+@contextlib.contextmanager
+def extensions_claimed(directory):
+    """Hold ``directory`` (a TORCH_EXTENSIONS_DIR of this package) for ranks that may JIT-build into it.
+
+    Torch marks a build in progress with a ``lock`` file in the extension's folder and removes it when the build
+    ends; a rank killed mid-build (a job past its timeout) leaves it behind, and every later job then waits on it
+    forever. Launchers hold a shared flock on the directory while their ranks run (the kernel drops it when a
+    launcher dies), so one that gets the flock exclusively knows no build can be running: it removes such leftovers
+    first, saying so."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, ".launchers"), "a") as claim:
+        try:
+            fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another launcher's ranks run: its locks are live
+            pass
+        else:
+            for leftover in glob.glob(os.path.join(directory, "*", "lock")):
+                print(f"deepspeed_zeropp: removing {leftover}, left by a build that was killed", file=sys.stderr)
+                with contextlib.suppress(OSError):
+                    os.unlink(leftover)
+        fcntl.flock(claim, fcntl.LOCK_SH)
+        yield directory
+
+
 DEVICES = ("cpu", "cuda-shared", "cuda", "cuda-isolated")
 
 
@@ -57,8 +82,10 @@ def run_ranks(worker, spec, world_size=2, timeout=600, env=None, device="cpu", l
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
     workdir = tempfile.mkdtemp(prefix="deepspeed_zeropp_job_")
-    try:
-        return _run_in(workdir, worker, spec, world_size, timeout, env, device, local_size, paths)
+    ours = dict(os.environ, **(env or {})).get("TORCH_EXTENSIONS_DIR", extensions_dir()) == extensions_dir()
+    try:  # a directory of ours is claimed while the ranks run; one the caller chose is left alone
+        with extensions_claimed(extensions_dir()) if ours else contextlib.nullcontext():
+            return _run_in(workdir, worker, spec, world_size, timeout, env, device, local_size, paths)
     finally:  # the job's files (checkpoints of ~100 MB included) are read or in the exception by now
         shutil.rmtree(workdir, ignore_errors=True)
 
