@@ -9,9 +9,10 @@ Three parts, each printed as ratios with their spread:
   B C A, C A B, ...), so a ratio compares figures taken side by side and no function always follows the same one
   (what ran before moved a kernel's figure by up to 9% on H200); the spread is the min-max over trials. Inputs
   rotate over enough buffers to exceed the L2 cache several times.
-- Host overhead: wall time per call of ``ops.quantize`` / ``ops.dequantize`` (the path the patched DeepSpeed
-  calls, checks included) against DeepSpeed's op called directly and our extension's entry points called directly
-  (the pybind ones behind ops' Python table), back to back at 1M fp16 elements, interleaved per trial.
+- Host overhead: wall time per call of ``ops.quantize``, ``ops.dequantize``, ``ops.dequantize_gathered`` and
+  ``ops.quantize_packed`` (the paths the patched DeepSpeed calls, checks included), each also with the checks run
+  on every call (what ops' signature tables save), against DeepSpeed's op called directly and our extension's
+  entry points called directly, back to back at 1M fp16 elements, interleaved per trial.
 - JIT build: cold build and warm load times of the extension in fresh processes.
 
     python benchmarks/bench_kernels.py [--out DIR]      (default DIR: benchmarks/results)
@@ -42,6 +43,7 @@ from benchmarks.common import environment, interleaved, paired_ratio  # noqa: E4
 SIZES = {"16M": 2**24, "134M": 2**27}
 LAYOUTS = {"heuristic": group_layout, "2048": lambda numel: (numel // 2048, 2048)}
 HOST_NUMEL = 2**20
+HOST_OPS = ("quantize", "dequantize", "dequantize_gathered", "quantize_packed")  # ops timed for host time
 ROTATION_BYTES = 512 * 2**20  # several times the H200's 60 MB L2
 COPY_SHARE = 0.95  # at 134M: quantize and dequantize reach this share of the copy's effective bandwidth
 TARGETS = (f"quantize and dequantize, every dtype, both layouts: >= DeepSpeed's fp16 op at 16M and 134M, "
@@ -129,8 +131,11 @@ def bench_bandwidth(dtype, numel, layout, ours, ds_op, reps, trials):
 
 
 def bench_host(ds_op, calls=2000, trials=9):
-    """Host microseconds per call, back to back (one synchronize after ``calls`` calls), at 1M fp16 elements. The
-    extension's entry points called directly (what ops' Python table binds) show what ops adds."""
+    """Host microseconds per call, back to back (one synchronize after ``calls`` calls), at 1M fp16 elements,
+    interleaved per trial (the order rotated by one each trial). Each ``ops`` function twice: as called (a
+    remembered call signature after the first call) and with every call taking the checked path (``ops``' lookup
+    made to miss), which is what the tables save. The extension's entry points called directly show what ops
+    adds; DeepSpeed's op is the figure to match."""
     from deepspeed_zeropp import ops
     from deepspeed_zeropp.backends import cuda
     x = torch.randn(HOST_NUMEL, device="cuda", dtype=torch.float16)
@@ -139,27 +144,40 @@ def bench_host(ds_op, calls=2000, trials=9):
     scales = scales.view(-1, 1)  # as DeepSpeed hands them to dequantize
     ext_quantize, quantize_args = cuda.bind_quantize(groups, group_size)
     ext_dequantize, dequantize_args = cuda.bind_dequantize(equal_groups(group_size), torch.float16)
+    gathered = equal_groups(group_size)
     functions = {
         "ops_quantize": lambda: ops.quantize(x),
         "ops_dequantize": lambda: ops.dequantize(codes, scales, torch.float16),
+        "ops_dequantize_gathered": lambda: ops.dequantize_gathered(codes, scales, gathered, torch.float16),
+        "ops_quantize_packed": lambda: ops.quantize_packed(x),
         "ext_quantize": lambda: ext_quantize(x, *quantize_args),
         "ext_dequantize": lambda: ext_dequantize(codes, scales, *dequantize_args),
     }
+    for name in [name for name in functions if name.startswith("ops_")]:
+        functions[f"{name}_checked"] = functions[name]
     if ds_op is not None:
         functions["ds_quantize"] = lambda: ds_op.quantize(x, groups, 8, ds_op.Symmetric)
         functions["ds_dequantize"] = lambda: ds_op.dequantize(codes, scales, groups, 8, ds_op.Symmetric)
+    recall = ops._recall
     samples = {name: [] for name in functions}
     for fn in functions.values():
         for _ in range(200):
             fn()
     torch.cuda.synchronize()
-    for _ in range(trials):
-        for name, fn in functions.items():
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-            samples[name].append((time.perf_counter() - start) / calls)
+    order = list(functions.items())
+    for trial in range(trials):
+        shift = trial % len(order)
+        for name, fn in order[shift:] + order[:shift]:
+            if name.endswith("_checked"):
+                ops._recall = lambda *arguments: (None, None)
+            try:
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                torch.cuda.synchronize()
+                samples[name].append((time.perf_counter() - start) / calls)
+            finally:
+                ops._recall = recall
     result = {
         name: {
             "us": statistics.median(s) * 1e6,
@@ -171,6 +189,8 @@ def bench_host(ds_op, calls=2000, trials=9):
     if ds_op is not None:
         for op in ("quantize", "dequantize"):
             result[f"{op}_vs_ds"] = paired_ratio(samples[f"ops_{op}"], samples[f"ds_{op}"])
+    for op in HOST_OPS:  # time checked / remembered: what a table saves, as a factor
+        result[f"{op}_table"] = paired_ratio(samples[f"ops_{op}"], samples[f"ops_{op}_checked"])
     return result
 
 
@@ -222,10 +242,14 @@ def write_markdown(path, info, rows, host, build):
         "", f"## Host time per call ({HOST_NUMEL} fp16 elements, back to back, median (min-max) of trials)", "",
         "| call | µs per call | DeepSpeed's op / ours |", "|---|---|---|"
     ]
-    for op in ("quantize", "dequantize"):
-        ours, theirs = host[f"ops_{op}"], host.get(f"ds_{op}")
+    for op in HOST_OPS:
+        ours, checked = host[f"ops_{op}"], host[f"ops_{op}_checked"]
         lines.append(f"| ops.{op} | {ours['us']:.2f} ({ours['low']:.2f}-{ours['high']:.2f}) | "
                      f"{_fmt_ratio(host.get(f'{op}_vs_ds'))} |")
+        lines.append(f"| ops.{op}, checks on every call (no table; checked / remembered: "
+                     f"{_fmt_ratio(host[f'{op}_table'])}) | {checked['us']:.2f} ({checked['low']:.2f}-"
+                     f"{checked['high']:.2f}) | |")
+        theirs = host.get(f"ds_{op}")
         if theirs:
             lines.append(f"| DeepSpeed op {op} | {theirs['us']:.2f} ({theirs['low']:.2f}-{theirs['high']:.2f}) | |")
         if f"ext_{op}" in host:

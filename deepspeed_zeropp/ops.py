@@ -39,13 +39,8 @@ def quantize(x, groups=None, backend="auto"):
     The groups are ``group_layout(x.numel())`` when ``groups`` is None or that layout's own count; any other
     ``groups`` must divide ``x.numel()`` and gives equal groups (DeepSpeed's op's meaning of the argument).
     """
-    key = call = None
-    try:
-        key = (type(x), x.dtype, x.device, x.numel(), groups, type(groups), backend)
-        call = _quantize_calls[key]
-    except Exception:  # a new signature, or arguments that form no key
-        pass
-    if call is None:  # outside the handler, so that an error of the checks comes with no lookup failure chained
+    key, call = _recall(_quantize_calls, _quantize_key, x, groups, backend)
+    if call is None:
         return _checked_quantize(x, groups, backend, key)
     function, arguments = call
     return function(x if x.is_contiguous() else x.contiguous(), *arguments)
@@ -80,18 +75,49 @@ def _entry_point(impl, operation, arguments):
     return bind(*arguments) if bind is not None else (getattr(impl, operation), arguments)
 
 
-def _remember(calls, key, call, *tensors):
-    """Run ``call`` on ``tensors``; if it succeeds, remember it under ``key`` (None: no key could be built)."""
-    function, arguments = call
-    result = function(*tensors, *arguments)
+def _recall(calls, key_of, *arguments):
+    """``(key, remembered call or None)`` for ``key_of(*arguments)`` in the table ``calls``; ``(None, None)`` for
+    arguments that form no key (the key reads an attribute they lack, or holds an unhashable value). The checked
+    path then runs outside this handler, so its errors come with no lookup failure chained."""
+    try:
+        key = key_of(*arguments)
+        return key, calls.get(key)
+    except Exception:
+        return None, None
+
+
+def _keep(calls, key, call):
+    """Remember ``call`` under ``key`` (None: no key could be built); a full table is emptied first."""
     if key is not None:
         if len(calls) >= CALLS_LIMIT:
             calls.clear()
-        try:
-            calls[key] = call
-        except TypeError:  # an unhashable argument the checks accepted: it takes the checked path every time
-            pass
+        calls[key] = call
+
+
+def _remember(calls, key, call, *tensors):
+    """Run ``call`` on ``tensors``; if it succeeds, remember it under ``key``."""
+    function, arguments = call
+    result = function(*tensors, *arguments)
+    _keep(calls, key, call)
     return result
+
+
+# The keys: everything the checked paths read, except contiguity, which the fast paths test themselves.
+_GATHERED = "gathered"  # first part of dequantize_gathered's keys in _dequantize_calls (dequantize's never are)
+
+
+def _quantize_key(x, groups, backend):
+    return (type(x), x.dtype, x.device, x.numel(), groups, type(groups), backend)
+
+
+def _dequantize_key(codes, scales, dtype, group_size, block_numel, backend):
+    return (type(codes), type(scales), codes.dtype, scales.dtype, codes.device, scales.device, codes.numel(),
+            scales.shape, dtype, group_size, type(group_size), block_numel, type(block_numel), backend)
+
+
+def _gathered_key(codes, scales, layout, dtype, backend):
+    return (_GATHERED, type(codes), type(scales), codes.dtype, scales.dtype, codes.device, scales.device,
+            codes.numel(), scales.shape, dtype, type(layout), layout, backend)
 
 
 def _is_int(value):
@@ -127,13 +153,7 @@ def dequantize(codes, scales, dtype=None, group_size=None, block_numel=None, bac
     - ``group_size=E``: contiguous groups of E elements; the codes may be a prefix of S * E.
     - neither: one quantized buffer, in ``group_layout(codes.numel())`` if that has S groups, else S equal groups.
     """
-    key = call = None
-    try:
-        key = (type(codes), type(scales), codes.dtype, scales.dtype, codes.device, scales.device, codes.numel(),
-               scales.shape, dtype, group_size, type(group_size), block_numel, type(block_numel), backend)
-        call = _dequantize_calls[key]
-    except Exception:  # see quantize
-        pass
+    key, call = _recall(_dequantize_calls, _dequantize_key, codes, scales, dtype, group_size, block_numel, backend)
     if call is None:
         return _checked_dequantize(codes, scales, dtype, group_size, block_numel, backend, key)
     function, arguments = call
@@ -188,20 +208,11 @@ def _dequantize_layout(numel, num_groups, group_size, block_numel):
     return equal_groups(group_size)
 
 
-_GATHERED = "gathered"  # first part of dequantize_gathered's keys in _dequantize_calls (dequantize's never are)
-
-
 def dequantize_gathered(codes, scales, layout, dtype=None, backend="auto"):
     """``dequantize`` in a ``grouping.GatheredLayout`` the caller already holds (a gather seam's
     ``scope.DequantTarget.layout``, a packet's ``gathered``): checked against the codes and scales once per call
     signature and passed to the backend unchanged (a single block read as equal groups, ``for_scales``)."""
-    key = call = None
-    try:
-        key = (_GATHERED, type(codes), type(scales), codes.dtype, scales.dtype, codes.device, scales.device,
-               codes.numel(), scales.shape, dtype, type(layout), layout, backend)
-        call = _dequantize_calls[key]
-    except Exception:  # see quantize
-        pass
+    key, call = _recall(_dequantize_calls, _gathered_key, codes, scales, layout, dtype, backend)
     if call is None:
         return _checked_gathered(codes, scales, layout, dtype, backend, key)
     function, arguments = call
@@ -280,12 +291,7 @@ def quantize_packed(x, groups=None, backend="auto"):
     """``quantize``, with the codes and scales written into one new byte buffer laid out as ``int8.packet``:
     returns (codes, scales) as ``quantize`` does, both views of that buffer, in which :func:`packet_of` finds it.
     Same values as ``quantize``."""
-    key = call = None
-    try:
-        key = (type(x), x.dtype, x.device, x.numel(), groups, type(groups), backend)
-        call = _packed_calls[key]
-    except Exception:  # see quantize
-        pass
+    key, call = _recall(_packed_calls, _quantize_key, x, groups, backend)
     if call is None:
         call = _checked_packed(x, groups, backend, key)
     impl, layout = call
@@ -313,13 +319,7 @@ def _checked_packed(x, groups, backend, key):
         check_float_dtype(x.dtype, "quantize input")
     layout = group_layout(x.numel()) if groups is None else _explicit_layout(x.numel(), groups)
     call = (resolve_backend(backend, x.device), int8.packet(x.numel(), layout.groups, layout.group_size))
-    if key is not None:
-        if len(_packed_calls) >= CALLS_LIMIT:
-            _packed_calls.clear()
-        try:
-            _packed_calls[key] = call
-        except TypeError:
-            pass
+    _keep(_packed_calls, key, call)
     return call
 
 
