@@ -1,5 +1,6 @@
 import os
 
+import pytest
 import torch
 
 # DeepSpeed picks its accelerator at import time: the CPU one unless this machine has a GPU.
@@ -9,3 +10,18 @@ if not torch.cuda.is_available():
 # Hypothesis keeps its example database and caches in the working directory unless told where: not in the checkout.
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
                       os.path.join(os.path.expanduser("~"), ".cache", "deepspeed_zeropp", "hypothesis"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def extensions_folder():
+    """DeepSpeed's CPU accelerator JIT-builds an op wherever a test starts it (in this process, in ranks, in a
+    `simulate` subprocess): into this package's folder for the DeepSpeed under test, not torch's default shared by
+    every release, held for the session so that a killed build's leftover lock is cleared first (a job that waits on
+    one never ends)."""
+    from deepspeed_zeropp.demo.launch import extensions_claimed, extensions_dir
+    directory = os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
+    if directory != extensions_dir():  # the caller's own folder (a GPU host's): left as it is
+        yield directory
+        return
+    with extensions_claimed(directory):
+        yield directory
