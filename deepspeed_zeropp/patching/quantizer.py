@@ -27,14 +27,11 @@ class QuantizerMethods:
     def dequantize(self, quantized_param, scale, dtype=None):
         """Dequantize to ``dtype``, else to the dtype the enclosing patched gather site recorded from its
         parameters, else fp16. The site also says how the gathered codes are laid out (one quantized block per
-        rank): a ``GatheredLayout``, handed to ops unchanged, packets, or segments."""
+        rank): a ``GatheredLayout``, handed to ops unchanged, or segments."""
         target = current_target()
         if target is None:
             return ops.dequantize(quantized_param, scale, dtype, backend=backends.default())
         dtype = dtype or target.dtype
-        if target.packed is not None:
-            received, layout = target.packed
-            return ops.dequantize_packed(received, layout, quantized_param.shape, dtype, backend=backends.default())
         if target.segments:
             return ops.dequantize_segments(quantized_param, scale, target.segments, dtype, backend=backends.default())
         layout = target.layout_of(quantized_param)

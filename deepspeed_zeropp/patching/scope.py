@@ -21,16 +21,11 @@ class DequantTarget(NamedTuple):
     buffers of different block sizes under one target, so the layout is ``blocks_of(codes.numel() // k)`` of each
     call's codes, :meth:`layout_of`) and ``segments`` (the numel of every separately quantized buffer, in order:
     buffers of different sizes, one layout per run, ``ops.dequantize_segments``). None of them: the codes are one
-    quantized buffer.
-
-    ``packed``: the codes and scales were all-gathered as packets (``formats/int8.py``): ``(received, layout)``,
-    the gathered bytes and the packets' ``int8.Packet`` (which carries their ``GatheredLayout``). The arguments
-    upstream passes to dequantize then only give the shape of the result; the values are read from ``received``."""
+    quantized buffer. (Fetches that sent packets are completed by ``seams/fetch.py`` without a target.)"""
     dtype: torch.dtype
     layout: Optional[GatheredLayout] = None
     blocks: Optional[int] = None
     segments: Optional[Tuple[int, ...]] = None
-    packed: Optional[tuple] = None
 
     def layout_of(self, codes):
         """The ``GatheredLayout`` of ``codes``: ``layout``, or that of ``blocks`` equal per-rank blocks of them; None
@@ -57,8 +52,8 @@ def _set(var, value):
         var.reset(token)
 
 
-def dequant_target(dtype, layout=None, blocks=None, segments=None, packed=None):
-    return _set(_current, DequantTarget(dtype, layout, blocks, segments, packed))
+def dequant_target(dtype, layout=None, blocks=None, segments=None):
+    return _set(_current, DequantTarget(dtype, layout, blocks, segments))
 
 
 def current_target():

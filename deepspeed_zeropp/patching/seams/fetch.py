@@ -45,11 +45,6 @@ class PacketGather:
 _pending = None
 
 
-def packets(work):
-    """``(received, layout)`` of a handle's all-gather when it carried packets, else None."""
-    return (work.received, work.layout) if type(work) is PacketGather else None
-
-
 def readers_patched():
     return READERS[0] in replaced and READERS[1] in replaced
 

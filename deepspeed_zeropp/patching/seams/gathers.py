@@ -1,7 +1,7 @@
 """Seams at DeepSpeed's gathers: the all-gather handles (one parameter, a bucket), the NoGather handles (a partition
 group of one rank) and Init's synchronous gathers. Each dequantizes gathered codes; the wrappers tell the patched
 quantizer the dtype to hand back and how the codes are laid out (``scope.dequant_target``). A fetch that sent
-packets (``fetch.py``, the fetch protocol) is read from its packets; a bucket's is completed there."""
+packets (``fetch.py``, the fetch protocol) is completed there, a parameter's or a bucket's."""
 import contextlib
 
 import torch
@@ -9,7 +9,7 @@ import torch
 from ...formats.grouping import blocks_of
 from ..scope import dequant_target
 from . import fetch
-from .fetch import PacketGather, packets as _packets
+from .fetch import PacketGather
 from .common import bucket_dtype, dtype_scoped, own_dtype, restore_dtypes, stored_quantized, weights_quantized
 
 
@@ -27,10 +27,8 @@ def _single_layout(handle, *args, **kwargs):
     """The sequential path narrows the gathered buffer to ``ds_numel``, so the per-rank blocks cannot be read off
     the codes (upstream divides by the scale count: scales land on the wrong elements when the partition is
     padded). Each rank quantized the partition it all-gathered: the hpZ secondary one where the parameter has it,
-    as upstream picks it; its numel gives the codes' ``GatheredLayout``, computed here. Packets say so themselves."""
-    packets = _packets(getattr(handle, "_AllGatherHandle__handle", None))
-    if packets is not None:
-        return {"packed": packets}
+    as upstream picks it; its numel gives the codes' ``GatheredLayout``, computed here. (A fetch that sent packets
+    never gets here: the wrapper hands it to the fetch protocol.)"""
     param = handle._AllGatherHandle__param
     secondary = getattr(param, "ds_secondary_tensor", None)
     block_numel = _partition_numel(secondary if secondary is not None else param.ds_tensor)
@@ -112,8 +110,7 @@ def bucket_gather(original):
             return original(handle, *args, **kwargs)
         params = list(handle.params)
         dtypes = [own_dtype(p) for p in params]
-        packets = _packets(getattr(handle, "allgather_handle", None))
-        if packets is not None:
+        if type(getattr(handle, "allgather_handle", None)) is PacketGather:
             return fetch.complete_bucket(handle, dtypes)
         if stored_quantized(_bucket_partition(handle, params[0])):
             layout = {"segments": _stored_bucket_segments(handle)}
