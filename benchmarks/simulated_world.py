@@ -200,6 +200,9 @@ def targets(loaded):
     def faster(spread, bound):  # speed-up at least ``bound``, beyond the spread
         return spread is not None and spread["low"] >= bound
 
+    def median_at_least(spread, bound):
+        return spread is not None and spread["median"] >= bound
+
     n8 = loaded.get("n8_free")
     if n8:
         table = report.summary(n8)[0]["free"]
@@ -234,13 +237,12 @@ def targets(loaded):
     # the "auto" bucket sizes: judged on the median (the host's noise spans these ratios' spreads)
     spread = _ratio(loaded, "n8_auto", "free", "ours-qwz vs unquantized")
     row("N = 8, free, \"auto\": ours qwZ step at most 1.05x unquantized's (median speed-up >= 0.952)", spread,
-        spread is not None and spread["median"] >= 1 / 1.05)
+        median_at_least(spread, 1 / 1.05))
     spread = _ratio(loaded, "n8_auto", "free", "ours-qwz vs upstream-qwz")
-    row("N = 8, free, \"auto\": ours qwZ no slower than upstream (median)", spread, spread is not None
-        and spread["median"] >= 1.0)
+    row("N = 8, free, \"auto\": ours qwZ no slower than upstream (median)", spread, median_at_least(spread, 1.0))
     spread = _ratio(loaded, "n16_100g_auto", "100 Gbit/s", "ours-qwz-qgz vs unquantized")
-    row("N = 16, 100 Gbit/s, \"auto\": ours qwZ+qgZ >= 1.2x unquantized (median)", spread, spread is not None
-        and spread["median"] >= 1.2)
+    row("N = 16, 100 Gbit/s, \"auto\": ours qwZ+qgZ >= 1.2x unquantized (median)", spread,
+        median_at_least(spread, 1.2))
     rows.append("")
     return rows
 

@@ -18,10 +18,7 @@ def extensions_folder():
     `simulate` subprocess): into this package's folder for the DeepSpeed under test, not torch's default shared by
     every release, held for the session so that a killed build's leftover lock is cleared first (a job that waits on
     one never ends)."""
-    from deepspeed_zeropp.demo.launch import extensions_claimed, extensions_dir
-    directory = os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
-    if directory != extensions_dir():  # the caller's own folder (a GPU host's): left as it is
-        yield directory
-        return
-    with extensions_claimed(directory):
+    from deepspeed_zeropp.demo.launch import extensions_dir, own_extensions_claimed
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())  # a GPU host's own folder stays as it is
+    with own_extensions_claimed() as directory:
         yield directory

@@ -64,6 +64,14 @@ def extensions_claimed(directory):
         yield directory
 
 
+def own_extensions_claimed(env=None):
+    """:func:`extensions_claimed` for the folder that processes started with ``env`` (over os.environ) build into,
+    when it is this package's (:func:`extensions_dir`); a folder the caller chose is left alone."""
+    ours = extensions_dir()
+    chosen = dict(os.environ, **(env or {})).get("TORCH_EXTENSIONS_DIR", ours)
+    return extensions_claimed(ours) if chosen == ours else contextlib.nullcontext(chosen)
+
+
 DEVICES = ("cpu", "cuda-shared", "cuda", "cuda-isolated")
 
 
@@ -82,9 +90,8 @@ def run_ranks(worker, spec, world_size=2, timeout=600, env=None, device="cpu", l
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
     workdir = tempfile.mkdtemp(prefix="deepspeed_zeropp_job_")
-    ours = dict(os.environ, **(env or {})).get("TORCH_EXTENSIONS_DIR", extensions_dir()) == extensions_dir()
-    try:  # a directory of ours is claimed while the ranks run; one the caller chose is left alone
-        with extensions_claimed(extensions_dir()) if ours else contextlib.nullcontext():
+    try:
+        with own_extensions_claimed(env):  # while the ranks run
             return _run_in(workdir, worker, spec, world_size, timeout, env, device, local_size, paths)
     finally:  # the job's files (checkpoints of ~100 MB included) are read or in the exception by now
         shutil.rmtree(workdir, ignore_errors=True)

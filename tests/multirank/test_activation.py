@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.launch import extensions_claimed, extensions_dir, free_port, release_shared_memory
+from harness.launch import extensions_dir, free_port, release_shared_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -36,8 +36,7 @@ def run(args, activate, timeout=600, port=None):
     if activate:
         env["DEEPSPEED_ZEROPP"] = "1"
     try:
-        with extensions_claimed(extensions_dir()):
-            return subprocess.run(args, env=env, cwd="/tmp", capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(args, env=env, cwd="/tmp", capture_output=True, text=True, timeout=timeout)
     finally:
         if port:
             release_shared_memory(port)
