@@ -254,7 +254,8 @@ def targets(loaded):
         spreads = [(key, _ratio(loaded, "n64_7b_tuned", link, f"{key} vs unquantized"))
                    for key in ("ours-qwz-qgz", "ours-qwz-qgz-hpz")]
         key, spread = max(spreads, key=lambda pair: pair[1]["median"] if pair[1] else 0)
-        row(f"7B, N = 64, {link}, searched sizes: best of ours ({CONFIGS[key].label}) >= {bound}x unquantized at "
+        row(
+            f"7B, N = 64, {link}, searched sizes: best of ours ({CONFIGS[key].label}) >= {bound}x unquantized at "
             "the same sizes (median)", spread, median_at_least(spread, bound))
         spread = _ratio(loaded, "n64_7b_tuned", link, "ours-qwz-qgz vs upstream-qwz-qgz")
         row(f"7B, N = 64, {link}, searched sizes: ours qwZ+qgZ faster than upstream, beyond the spread", spread,
