@@ -9,7 +9,8 @@ def _spread(values):
     return {"median": statistics.median(values), "low": min(values), "high": max(values), "n": len(values)}
 
 
-COMMUNICATION_FIGURES = ("exposed_comm_ms_per_step", "comm_ms_per_step", "comm_concurrent_ms_per_step")
+COMMUNICATION_FIGURES = ("exposed_comm_ms_per_step", "comm_waited_ms_per_step", "comm_ms_per_step",
+                         "comm_concurrent_ms_per_step")
 
 
 def summary(results):
@@ -32,7 +33,7 @@ def summary(results):
                 "kernel_ms_per_step": once.get("kernel_ms_per_step"),
                 "kernel_launches_per_step": once.get("kernel_launches_per_step"),
                 "host_waits_per_step": once.get("host_waits_per_step"),
-                # exposed, total and concurrent communication of profiled steps under this link (timeline.py)
+                # exposed, waited, total and concurrent communication of profiled steps under this link (timeline.py)
                 **{
                     k: once.get("profiled_links", {}).get(link, {}).get(k)
                     for k in COMMUNICATION_FIGURES
@@ -83,7 +84,7 @@ def recommend(table, link):
 def markdown_table(table, ratios, link):
     lines = [
         "| configuration | step ms (median, low-high) | vs unquantized | vs upstream | host CPU ms | GPU kernel ms "
-        "| launches | host waits | comm exposed / modelled ms | collectives | MiB sent intra / inter | peak GiB |",
+        "| launches | host waits | comm waited / exposed / modelled ms | collectives | MiB sent intra / inter | peak GiB |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|"
     ]
     for key, row in table[link].items():
@@ -106,10 +107,12 @@ def markdown_table(table, ratios, link):
 
 
 def _exposed(row):
-    """Communication ms per step left exposed by the compute (profiled steps) over the link model's time (timed
-    steps); - for a figure not measured (no profile, no CUDA) or not modelled (a free link)."""
-    exposed, modelled = row.get("exposed_comm_ms_per_step"), sum((row.get("modelled_link_ms_per_step") or {}).values())
-    return f"{'-' if exposed is None else format(exposed, '.1f')} / {format(modelled, '.1f') if modelled else '-'}"
+    """Communication ms per step that launched compute waited on, and that no compute overlapped (profiled steps),
+    over the link model's time (timed steps); - for a figure not measured (no profile, no CUDA, no launch times) or
+    not modelled (a free link)."""
+    waited, exposed = row.get("comm_waited_ms_per_step"), row.get("exposed_comm_ms_per_step")
+    modelled = sum((row.get("modelled_link_ms_per_step") or {}).values())
+    return " / ".join("-" if value is None else format(value, ".1f") for value in (waited, exposed, modelled or None))
 
 
 def _ratio(spread):

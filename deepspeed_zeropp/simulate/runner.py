@@ -136,8 +136,8 @@ def step(engine, shape, micro_batch, index):
 def profiled(engine, shape, micro_batch, first, steps=2):
     """GPU kernel time, kernel launches and host waits for the GPU (the CUDA runtime's synchronize calls: each
     stalls the host until the GPU catches up) per step, over ``steps`` profiled steps (not the timed ones); and the
-    communication the compute leaves exposed, with the collectives' time in all and concurrent (timeline.py: None
-    where no link model put a collective's time on the timeline)."""
+    communication the compute leaves exposed and the part of it launched compute waited on, with the collectives'
+    time in all and concurrent (timeline.py: None where no link model put a collective's time on the timeline)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -157,8 +157,8 @@ def profiled(engine, shape, micro_batch, first, steps=2):
 
 
 def profiled_links(engine, plan, first, steps=2):
-    """{link: figures} of ``steps`` profiled steps under each of the plan's modelled links: exposed, total and
-    concurrent communication ms per step (timeline.py), beside the link model's time of the same steps."""
+    """{link: figures} of ``steps`` profiled steps under each of the plan's modelled links: exposed, waited, total
+    and concurrent communication ms per step (timeline.py), beside the link model's time of the same steps."""
     found = {}
     try:
         for i, (name, link) in enumerate((n, link) for n, link in plan.links.items() if link is not None):

@@ -7,26 +7,31 @@ communication stream, and all of its activities (copies included) are the collec
 device is compute: the training's stream and DeepSpeed's own side streams alike, since either keeps the GPU busy.
 
 Exposed communication is the union of the collectives' intervals minus the union of the compute intervals, per
-device, summed over devices: the time during which some collective runs while no compute does, which the step
-cannot hide (the compute stream waits on the collective). Beside it, the communication time (the union of the
-collectives' intervals: its total on the timeline) and the concurrent time (two or more communication streams busy at
-once, which the link model lets run at full speed each).
+device, summed over devices: the time during which some collective runs while no compute does. That is not all on
+the step's path: where the host is the bound, the GPU idles until the host launches the next work, and a collective
+running meanwhile is hidden behind the host. Waited communication is the part of it during which the compute that
+follows had already been launched: the compute was held back while the collective ran (a stream waiting on it),
+which the step pays. It needs each activity's launch time (the CUDA runtime call that queued it); without them it is
+None. Beside them, the communication time (the union of the collectives' intervals: its total on the timeline) and
+the concurrent time (two or more communication streams busy at once, which the link model lets run at full speed
+each).
 
 The figures come back in the unit the activities' times are given in; integers give exact results.
 """
 import collections
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 SLEEP_KERNEL = "spin_kernel"  # torch.cuda._sleep's kernel: link.Delay launches it on group streams only
 
 
 class Activity(NamedTuple):
-    """One kernel, copy or fill on the GPU timeline."""
+    """One kernel, copy or fill on the GPU timeline; ``launched``: when the host queued it (None: not known)."""
     device: int
     stream: int
     start: int
     duration: int
     name: str = ""
+    launched: Optional[int] = None
 
     @property
     def end(self):
@@ -37,6 +42,7 @@ class Exposure(NamedTuple):
     exposed: int  # collectives running, no compute running
     communication: int  # collectives running (any communication stream)
     concurrent: int  # two or more communication streams running at once
+    waited: Optional[int] = None  # exposed, and the next compute already launched (None: launch times unknown)
 
 
 def merged(intervals):
@@ -77,6 +83,33 @@ def overlapped(per_stream, at_least=2):
     return total
 
 
+def intersection(intervals, other):
+    """The length of the union of ``intervals`` within the union of ``other``: |A n B| = |A| + |B| - |A u B|."""
+    other = list(other)
+    return length(intervals) + length(other) - length(list(intervals) + other)
+
+
+def held_back(compute, collectives):
+    """How long launched compute waited while a collective ran and no compute did, on one device: for each stretch
+    without compute, from the launch of the compute that ends it (the earliest launched of those starting then) to
+    its start, within the collectives' union. ``compute``: its activities. A stretch whose compute has no known
+    launch (queued before the profile began) counts nothing; None where no launch time is known at all."""
+    if compute and all(a.launched is None for a in compute):
+        return None
+    first_launch = {}
+    for a in compute:
+        if a.launched is not None:
+            first_launch[a.start] = min(first_launch.get(a.start, a.launched), a.launched)
+    waited, previous_end = 0, None
+    for start, end in merged((a.start, a.end) for a in compute):
+        launched = first_launch.get(start)
+        if launched is not None:
+            since = launched if previous_end is None else max(previous_end, launched)
+            waited += intersection([(since, start)], collectives)
+        previous_end = end
+    return waited
+
+
 def communication_streams(activities, marker=SLEEP_KERNEL):
     """The ``(device, stream)`` pairs that ran a kernel whose name contains ``marker``."""
     return {(a.device, a.stream) for a in activities if marker in a.name}
@@ -91,43 +124,63 @@ def exposure(activities, comm_streams):
         if (a.device, a.stream) in comm_streams:
             comm[a.stream].append((a.start, a.end))
         else:
-            compute.append((a.start, a.end))
+            compute.append(a)
     exposed = communication = concurrent = 0
+    waited = 0
     for comm, compute in by_device.values():
         collectives = [interval for intervals in comm.values() for interval in intervals]
-        exposed += uncovered(collectives, compute)
+        exposed += uncovered(collectives, [(a.start, a.end) for a in compute])
         communication += length(collectives)
         concurrent += overlapped(comm.values())
-    return Exposure(exposed, communication, concurrent)
+        held = held_back(compute, collectives)
+        waited = None if waited is None or held is None else waited + held
+    return Exposure(exposed, communication, concurrent, waited)
 
 
 WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # the profiler's activity types of GPU work (not its markers)
+
+
+def _ns(us):
+    return round(us * 1000)
 
 
 def from_profile(events):
     """The device activities of torch.profiler's events (``profile.events()``), times in integer nanoseconds: every
     kernel, copy and fill (a simulated collective's copies are part of it), never a marker the profiler puts on the
     device's timeline (a stream's wait, a ``record_function`` range); a profiler that names no activity types gives
-    every device event."""
+    every device event. An activity's launch: the start of the CUDA runtime call with its correlation id (the
+    event's ``id``; a runtime call is a host event named ``cuda...`` or ``cu...``)."""
     from torch.autograd import DeviceType
+    launches = {
+        e.id: _ns(e.time_range.start)
+        for e in events if e.device_type == DeviceType.CPU and e.name.startswith("cu") and getattr(e, "id", None)
+    }
     found = []
     for e in events:
         kind = getattr(e, "activity_type", None)
         if e.device_type != DeviceType.CUDA or (kind is not None and kind.lower() not in WORK):
             continue
         stream = getattr(e, "device_resource_id", None)
-        start, end = round(e.time_range.start * 1000), round(e.time_range.end * 1000)
-        found.append(Activity(e.device_index, e.thread if stream is None else stream, start, end - start, e.name))
+        start, end = _ns(e.time_range.start), _ns(e.time_range.end)
+        found.append(
+            Activity(e.device_index, e.thread if stream is None else stream, start, end - start, e.name,
+                     launches.get(getattr(e, "id", None))))
     return found
 
 
+FIGURES = (("exposed_comm", "exposed"), ("comm_waited", "waited"), ("comm", "communication"),
+           ("comm_concurrent", "concurrent"))  # (name in the results, Exposure field)
+
+
 def figures(events, steps):
-    """Exposed, total and concurrent communication ms per step of a profile of ``steps`` steps; each None where
-    the profile ran no communication stream (no link model: collectives then cost only their copies)."""
+    """Exposed, waited, total and concurrent communication ms per step of a profile of ``steps`` steps; each None
+    where the profile ran no communication stream (no link model: collectives then cost only their copies), waited
+    also where launch times are unknown."""
     activities = from_profile(events)
     streams = communication_streams(activities)
     found = exposure(activities, streams) if streams else None
+    values = {field: None if found is None else getattr(found, field) for _, field in FIGURES}
     return {
-        f"{name}_ms_per_step": None if found is None else getattr(found, field) / 1e6 / steps
-        for name, field in (("exposed_comm", "exposed"), ("comm", "communication"), ("comm_concurrent", "concurrent"))
+        f"{name}_ms_per_step": None if values[field] is None else values[field] / 1e6 / steps
+        for name, field in FIGURES
     }

@@ -1,5 +1,6 @@
-"""The simulated world's exposed-communication figure: interval arithmetic on synthetic GPU timelines (integer times,
-exact results), the communication streams found by the sleep kernel, and profiler events read into activities."""
+"""The simulated world's exposed- and waited-communication figures: interval arithmetic on synthetic GPU timelines
+(integer times, exact results), the communication streams found by the sleep kernel, and profiler events read into
+activities (launch times included)."""
 from types import SimpleNamespace
 
 import pytest
@@ -12,8 +13,8 @@ COMPUTE, COMM, COMM2 = 7, 20, 24  # stream ids as the profiler gives them
 SLEEP = "at::cuda::(anonymous namespace)::spin_kernel(long)"
 
 
-def kernel(stream, start, end, name="gemm", device=0):
-    return Activity(device, stream, start, end - start, name)
+def kernel(stream, start, end, name="gemm", device=0, launched=None):
+    return Activity(device, stream, start, end - start, name, launched)
 
 
 def collective(stream, start, end, device=0):
@@ -57,7 +58,59 @@ def test_union_and_difference_of_intervals():
     ])
 def test_exposure(activities, expected):
     streams = timeline.communication_streams(activities)
-    assert timeline.exposure(activities, streams) == expected
+    found = timeline.exposure(activities, streams)
+    assert found[:3] == expected[:3]
+    # launch times unknown: waited is unknown wherever compute ran (else nothing waited)
+    assert found.waited == (None if any(a.stream not in (COMM, COMM2) for a in activities) else 0)
+
+
+@pytest.mark.parametrize(
+    "activities, exposed, waited",
+    [
+        # host-bound: the compute after the collective was launched only when the collective had ended
+        ([kernel(COMPUTE, 0, 10, launched=0),
+          collective(COMM, 10, 30),
+          kernel(COMPUTE, 40, 50, launched=35)], 20, 0),
+        # launched at 15, started at 40: held back from 15 to 30 while the collective ran (30-40: no collective)
+        ([kernel(COMPUTE, 0, 10, launched=0),
+          collective(COMM, 10, 30),
+          kernel(COMPUTE, 40, 50, launched=15)], 20, 15),
+        # launched before the stretch began: the whole stretch under the collective is waited
+        ([kernel(COMPUTE, 0, 10, launched=0),
+          collective(COMM, 5, 30),
+          kernel(COMPUTE, 30, 50, launched=2)], 20, 20),
+        # several activities start the next stretch: the earliest launched of them counts
+        ([
+            kernel(COMPUTE, 0, 10, launched=0),
+            collective(COMM, 10, 30),
+            kernel(COMPUTE, 30, 40, launched=25),
+            kernel(9, 30, 35, "copy", launched=12)
+        ], 20, 18),
+        # the first stretch of the profile: from the launch of the first compute
+        ([collective(COMM, 0, 30), kernel(COMPUTE, 30, 40, launched=10)], 30, 20),
+    ])
+def test_waited(activities, exposed, waited):
+    found = timeline.exposure(activities, timeline.communication_streams(activities))
+    assert (found.exposed, found.waited) == (exposed, waited)
+    assert found.waited <= found.exposed
+
+
+def test_waited_per_device_and_unknown_launch():
+    activities = [
+        kernel(COMPUTE, 0, 10, launched=0),
+        collective(COMM, 10, 30),
+        kernel(COMPUTE, 30, 40, launched=10),
+        kernel(COMPUTE, 0, 10, device=1, launched=0),
+        collective(COMM, 10, 20, device=1),
+        kernel(COMPUTE, 20, 30, device=1, launched=18)
+    ]
+    found = timeline.exposure(activities, timeline.communication_streams(activities))
+    assert (found.exposed, found.waited) == (30, 22)
+    # a stretch ended by compute of unknown launch (queued before the profile) counts nothing; none known: None
+    unknown = activities[:-1] + [kernel(COMPUTE, 20, 30, device=1)]
+    assert timeline.exposure(unknown, timeline.communication_streams(unknown)).waited == 20
+    none_known = [a._replace(launched=None) for a in activities]
+    assert timeline.exposure(none_known, timeline.communication_streams(none_known)).waited is None
 
 
 def test_exposure_per_device():
@@ -68,8 +121,9 @@ def test_exposure_per_device():
     assert timeline.exposure(activities, streams) == Exposure(10, 10, 0)
 
 
-def _event(name, stream, start_us, end_us, device_type=DeviceType.CUDA, kind="kernel"):
-    return SimpleNamespace(name=name,
+def _event(name, stream, start_us, end_us, device_type=DeviceType.CUDA, kind="kernel", id=0):
+    return SimpleNamespace(id=id,
+                           name=name,
                            device_type=device_type,
                            device_index=0,
                            device_resource_id=stream,
@@ -90,11 +144,30 @@ def test_figures_from_profiler_events():
     assert timeline.from_profile(events)[0] == Activity(0, COMPUTE, 0, 1_000_000, "gemm")
     assert timeline.figures(events, steps=2) == {
         "exposed_comm_ms_per_step": 1.0,  # [1000, 3000) us over 2 steps
+        "comm_waited_ms_per_step": None,  # no runtime calls: launch times unknown
         "comm_ms_per_step": 1.5,
         "comm_concurrent_ms_per_step": 0.0,
     }
     no_link = [e for e in events if e.name != SLEEP]  # a free link: copies only, no communication stream known
     assert set(timeline.figures(no_link, steps=2).values()) == {None}
+
+
+def test_launch_times_from_runtime_calls():
+    cpu = DeviceType.CPU
+    events = [
+        _event("aten::mm", 1, 0.0, 100.0, cpu, "cpu_op", id=5),  # an op: its id is not a launch's
+        _event("cudaLaunchKernel", 1, 10.0, 12.0, cpu, "cuda_runtime", id=5),
+        _event("gemm", COMPUTE, 20.0, 1000.0, id=5),
+        _event("cudaLaunchKernel", 1, 400.0, 402.0, cpu, "cuda_runtime", id=6),
+        _event(SLEEP, COMM, 1000.0, 3000.0, id=7),  # launched before the profile: no runtime call seen
+        _event("cudaLaunchKernel", 1, 1500.0, 1502.0, cpu, "cuda_runtime", id=8),
+        _event("gemm", COMPUTE, 3000.0, 4000.0, id=8),
+        _event("cudaLaunchKernel", 1, 2000.0, 2002.0, cpu, "cuda_runtime", id=9),
+        _event("gemm", COMPUTE, 3000.0, 3500.0, id=9),
+    ]
+    activities = timeline.from_profile(events)
+    assert [a.launched for a in activities] == [10_000, None, 1_500_000, 2_000_000]
+    assert timeline.figures(events, steps=2)["comm_waited_ms_per_step"] == 0.75  # [1500, 3000) us over 2 steps
 
 
 def test_report_shows_exposed_beside_modelled():
@@ -124,6 +197,7 @@ def test_report_shows_exposed_beside_modelled():
                 "profiled_links": {
                     link: {
                         "exposed_comm_ms_per_step": 2.25,
+                        "comm_waited_ms_per_step": 1.5,
                         "comm_ms_per_step": 12.0,
                         "comm_concurrent_ms_per_step": 0.0,
                         "modelled_link_ms_per_step": 12.5
@@ -136,5 +210,5 @@ def test_report_shows_exposed_beside_modelled():
     assert table[link]["ours-qwz"]["exposed_comm_ms_per_step"] == 2.25
     assert table[link]["unquantized"]["exposed_comm_ms_per_step"] is None
     lines = report.markdown_table(table, ratios, link).splitlines()
-    column = lines[0].split(" | ").index("comm exposed / modelled ms")
-    assert [line.split(" | ")[column] for line in lines[2:]] == ["- / 30.0", "2.2 / 12.5"]
+    column = lines[0].split(" | ").index("comm waited / exposed / modelled ms")
+    assert [line.split(" | ")[column] for line in lines[2:]] == ["- / - / 30.0", "1.5 / 2.2 / 12.5"]
