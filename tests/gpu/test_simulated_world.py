@@ -46,3 +46,44 @@ SCRIPT = textwrap.dedent("""
 def test_streams_and_delays():
     result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr[-3000:]
+
+
+WAITED_SCRIPT = textwrap.dedent("""
+    import torch, torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+    from deepspeed_zeropp.simulate import link, timeline, world
+    world.install(8, 4, "cuda")
+    slow = link.Link(link.LinkClass(0.0, 100.0), link.LinkClass(0.0, 100.0))
+    world.set_link(slow)
+    group = dist.new_group([0, 1, 2, 3])
+    x, out = torch.empty(16 << 20, device="cuda"), torch.empty(64 << 20, device="cuda")
+    a = torch.randn(1024, 1024, device="cuda")
+    modelled = slow.seconds("all_gather", out.numel() * 4, 4, "intra") * 1e9  # ns, ~16 ms
+
+    def measure(host_bound):
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            a @ a
+            dist.all_gather_into_tensor(out, x, group=group, async_op=True).wait()  # the stream waits for it
+            if host_bound:
+                torch.cuda.synchronize()  # the host is late: the next work is launched after the collective
+            a @ a
+            torch.cuda.synchronize()
+        activities = timeline.from_profile(prof.events())
+        return timeline.exposure(activities, timeline.communication_streams(activities))
+
+    measure(False)  # warm-up: the first profile of a process pays its own start
+    waiting, late = measure(False), measure(True)
+    print("waiting", waiting, "late", late, "modelled", modelled)
+    assert waiting.exposed > 0.8 * modelled and late.exposed > 0.8 * modelled
+    assert waiting.waited is not None and waiting.waited > 0.9 * waiting.exposed
+    assert late.waited is not None and late.waited < 0.05 * late.exposed
+    print("OK")
+""")
+
+
+def test_waited_communication_from_a_real_profile():
+    """The waited figure reads launch times from a real profile: compute launched behind a collective waited for
+    all of it; compute launched only after the collective ended (a late host) waited for none of it."""
+    result = subprocess.run([sys.executable, "-c", WAITED_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr[-3000:]
