@@ -18,6 +18,7 @@ each).
 
 The figures come back in the unit the activities' times are given in; integers give exact results.
 """
+import bisect
 import collections
 from typing import NamedTuple, Optional
 
@@ -83,10 +84,14 @@ def overlapped(per_stream, at_least=2):
     return total
 
 
-def intersection(intervals, other):
-    """The length of the union of ``intervals`` within the union of ``other``: |A n B| = |A| + |B| - |A u B|."""
-    other = list(other)
-    return length(intervals) + length(other) - length(list(intervals) + other)
+def _within(union, ends, low, high):
+    """How much of ``union`` (merged intervals, ``ends`` their ends) lies in [low, high)."""
+    total = 0
+    for start, end in union[bisect.bisect_right(ends, low):]:
+        if start >= high:
+            break
+        total += min(end, high) - max(start, low)
+    return total
 
 
 def held_back(compute, collectives):
@@ -100,12 +105,14 @@ def held_back(compute, collectives):
     for a in compute:
         if a.launched is not None:
             first_launch[a.start] = min(first_launch.get(a.start, a.launched), a.launched)
+    union = merged(collectives)
+    ends = [end for _, end in union]
     waited, previous_end = 0, None
     for start, end in merged((a.start, a.end) for a in compute):
         launched = first_launch.get(start)
         if launched is not None:
             since = launched if previous_end is None else max(previous_end, launched)
-            waited += intersection([(since, start)], collectives)
+            waited += _within(union, ends, since, start)
         previous_end = end
     return waited
 
@@ -125,8 +132,7 @@ def exposure(activities, comm_streams):
             comm[a.stream].append((a.start, a.end))
         else:
             compute.append(a)
-    exposed = communication = concurrent = 0
-    waited = 0
+    exposed = communication = concurrent = waited = 0
     for comm, compute in by_device.values():
         collectives = [interval for intervals in comm.values() for interval in intervals]
         exposed += uncovered(collectives, [(a.start, a.end) for a in compute])
