@@ -75,13 +75,15 @@ def test_collectives_hand_back_every_rank_as_this_one(topology):
     received = torch.empty(8, dtype=torch.uint8)
     group.all_to_all_single(received, blocks, [], []).wait()  # every peer sends what rank 1 sends itself
     assert torch.equal(received.view(4, 2), blocks.view(4, 2)[1].expand(4, 2))
+    group.all_to_all_single(received, blocks, [2, 2, 2, 2], [1, 3, 2, 2]).wait()  # uneven: rank 1 sends 3 values
+    assert torch.equal(received.view(4, 2), blocks[1:3].expand(4, 2))
     assert world.STATE.counts == {
         ("all_gather", "float32", "intra"): 2,
         ("all_reduce", "float32", "intra"): 1,
         ("reduce_scatter", "bfloat16", "intra"): 2,
-        ("all_to_all", "uint8", "intra"): 1
+        ("all_to_all", "uint8", "intra"): 2
     }
-    assert world.STATE.wire_bytes["intra"] == 2 * 72 + 36 + 2 * 12 + 6
+    assert world.STATE.wire_bytes["intra"] == 2 * 72 + 36 + 2 * 12 + 2 * 6
 
 
 @pytest.mark.parametrize("argv, message", [
