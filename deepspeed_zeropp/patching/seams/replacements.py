@@ -30,7 +30,7 @@ def agreed_first(impl, why):
 
 quantizer_init = replace_with(QuantizerMethods.__init__,
                               why="Why this seam: upstream's constructor loads the fp16-only CUDA op, which does not "
-                              "exist on CPU and         is not needed by our backends; only "
+                              "exist on CPU and is not needed by our backends; only "
                               "``backend=\"deepspeed\"`` loads it (lazily, on first use).")
 quantizer_quantize = agreed_first(QuantizerMethods.quantize,
                                   why="Why this seam: upstream reads every input as fp16 bits; ours quantizes each "
