@@ -120,7 +120,8 @@ def render(out):
             f"Commit {results.get('commit', '?')}; {results['parameters'] / 1e9:.2f}B parameters, rank 0 of "
             f"{topology['world_size']} ({topology['nodes']} x {topology['gpus_per_node']}); micro-batch "
             f"{results['settings']['micro_batch']} x {results['shape']['seq']} tokens, bf16; "
-            f"{len(results['reps'])} repetitions of {results['settings']['steps']} timed steps per link. Checks: " +
+            f"{len(results['reps'])} repetition{'s' * (len(results['reps']) != 1)} of "
+            f"{results['settings']['steps']} timed steps per link. Checks: " +
             ("every run: no skipped step, finite losses, its quantized paths ran."
              if not report.problems(results) else "FAILED: " + "; ".join(report.problems(results))) +
             (f" GPU kernel ms and launches: {results['profile']}." if results.get("profile") else ""), ""
