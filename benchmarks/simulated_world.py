@@ -45,14 +45,14 @@ SETTINGS = {  # name -> (what it shows, the simulate command's arguments)
                     "--model gpt-7b --gpus-per-node 8 --nodes 8 --inter-gbps 400 --configs unquantized ours-qwz-qgz "
                     "upstream-qwz-qgz ours-qwz-qgz-hpz upstream-qwz-qgz-hpz --reps 3 --steps 10 --warmup 1 "
                     "--no-profile"),
-    # ~3.5 minutes of timed repetitions, then ~6 of profiled steps (four configurations, two links): more than one
-    # 10-minute GPU call in all
+    # ~3.5 minutes of timed repetitions; its profiled steps are the next setting's (both in one 10-minute GPU call
+    # do not fit)
     "n64_7b_tuned": ("7B GPT, 8 nodes of 8, 100 and 400 Gbit/s per GPU between nodes, every configuration at the "
                      "sizes `simulate --search` found best for ours qwZ+qgZ at both links "
                      "(`benchmarks/configs/gpt7b_tuned.json`)",
                      "--model gpt-7b --gpus-per-node 8 --nodes 8 --inter-gbps 100 400 --deepspeed-config "
                      "benchmarks/configs/gpt7b_tuned.json --configs unquantized ours-qwz-qgz upstream-qwz-qgz "
-                     "ours-qwz-qgz-hpz --reps 3 --steps 3 --warmup 1"),
+                     "ours-qwz-qgz-hpz --reps 3 --steps 3 --warmup 1 --no-profile"),
     # the profiled steps of the row above (exposed and waited communication per configuration), in one GPU call
     "n64_7b_tuned_profile": ("7B GPT, 8 nodes of 8, as `n64_7b_tuned`, one repetition: its profiled steps",
                              "--model gpt-7b --gpus-per-node 8 --nodes 8 --inter-gbps 100 400 --deepspeed-config "

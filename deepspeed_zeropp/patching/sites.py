@@ -7,12 +7,13 @@ attribute must exist; ``patch(strict=True)`` raises otherwise.
 """
 from typing import Callable, NamedTuple, Optional
 
-from .seams import checkpoints, fetch, gathers, launcher, partitions, replacements
+from .seams import checkpoints, fetch, gathers, launcher, partitions, replacements, secondary
 
 PARTITION_PARAMETERS = "deepspeed.runtime.zero.partition_parameters"
 STAGE3 = "deepspeed.runtime.zero.stage3"
 COALESCED_COLLECTIVES = "deepspeed.runtime.comm.coalesced_collectives"
 PARAMETER_OFFLOAD = "deepspeed.runtime.zero.parameter_offload"
+COORDINATOR = "deepspeed.runtime.zero.partitioned_param_coordinator"
 ENGINE = "deepspeed.runtime.engine"
 MULTINODE_RUNNER = "deepspeed.launcher.multinode_runner"
 UPSTREAM_DTYPE_FIX = "0.19.6"  # upstream's dtype fix: fp16 detour in the quantizer, dtype= at five sites
@@ -60,6 +61,10 @@ SITES = (
     Site("Init", "quantizer_module", replacements.class_quantizer, adds=True),
     Site("Init", "_partition_param", partitions.partition_param),
     Site("Init", "_partition_param_sec", partitions.partition_param_sec),
+    Site("PartitionedParameterCoordinator",
+         "_PartitionedParameterCoordinator__all_gather_params",
+         secondary.coordinator_fetch,
+         module=COORDINATOR),
     Site("DeepSpeedZeroOptimizer_Stage3", "quantize_nontrainable_params", partitions.nontrainable_seam, module=STAGE3),
     Site("DeepSpeedZeRoOffload", "_convert_to_zero_parameters", partitions.engine_padding, module=PARAMETER_OFFLOAD),
     Site("DeepSpeedEngine", "_get_param_fragment_func", checkpoints.frozen_fragment, module=ENGINE),

@@ -9,7 +9,7 @@ from ... import agreement
 from ...formats.dtypes import SUPPORTED_DTYPES
 from ..quantizer import QuantizerMethods
 from ..scope import DEFERRED, deferring_quantize
-from . import fetch
+from . import fetch, secondary
 from .common import own_dtype, stored_quantized, weights_quantized
 
 
@@ -64,7 +64,9 @@ def partition_seam(attr, why):
     (``ds_secondary_tensor``). MixZ++: upstream quantizes the freshly allocated, still empty buffer and then copies
     the float values into the int8 result, so quantization is deferred until the partition holds its values; a
     partition rewritten from updated data is re-quantized from the written values. And padding is zeroed, so
-    that it never takes part in a quantization group's absmax. ``why``: the factory's docstring."""
+    that it never takes part in a quantization group's absmax. The secondary partition is written without
+    DeepSpeed's host wait (``secondary.py``). ``why``: the factory's docstring."""
+    writing = secondary.without_host_wait if attr == "ds_secondary_tensor" else contextlib.nullcontext
 
     def factory(original):
 
@@ -77,12 +79,12 @@ def partition_seam(attr, why):
             fresh = (getattr(param, attr, None) is None and not param.requires_grad
                      and getattr(init, "quantized_nontrainable_weights", False))
             if not fresh:
-                with _float_stand_in(param, attr, updated):
+                with _float_stand_in(param, attr, updated), writing():
                     result = original(init, param, *args, **kwargs)
                     _zero_padding(param, attr, _partition_rank(init, param, attr))
                 return result
             dtype = param.dtype
-            with deferring_quantize():
+            with deferring_quantize(), writing():
                 result = original(init, param, *args, **kwargs)
             partition = getattr(param, attr, None)
             if partition is not None and getattr(partition, "ds_quant_scale", None) is DEFERRED:
@@ -105,7 +107,8 @@ partition_param = partition_seam("ds_tensor",
 partition_param_sec = partition_seam("ds_secondary_tensor",
                                      why="Why this seam: the hpZ secondary partition has the same "
                                      "quantize-before-copy defect as _partition_param (and, before 0.19.8, the "
-                                     "same uninitialised padding).")
+                                     "same uninitialised padding); and DeepSpeed blocks the host once per "
+                                     "parameter after writing it, which the device can order instead.")
 
 
 def engine_padding(original):
