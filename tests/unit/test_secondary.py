@@ -5,6 +5,7 @@ import types
 import pytest
 import torch
 
+from deepspeed_zeropp.patching import installed
 from deepspeed_zeropp.patching.seams import partitions, secondary
 
 
@@ -35,6 +36,7 @@ def accelerator(monkeypatch, request):
     accelerator = Accelerator(resolves=request.param)
     monkeypatch.setattr(secondary, "_accelerator", lambda: accelerator)
     monkeypatch.setattr(secondary, "_written", [])
+    monkeypatch.setitem(installed.replaced, secondary.ORDER_SITE, None)  # the coordinator's seam is installed
     return accelerator
 
 
@@ -109,3 +111,18 @@ def test_failed_write_restores_the_accelerator_and_still_orders(accelerator):
     events = []
     fetch(events)
     assert events == [("wait", accelerator.stream), "gather"]
+
+
+@pytest.mark.parametrize("accelerator", [False], indirect=True)
+def test_host_wait_kept_without_the_coordinator_seam(accelerator, monkeypatch):
+    """Nothing would order the gathers after the write: DeepSpeed's host wait stays."""
+    monkeypatch.delitem(installed.replaced, secondary.ORDER_SITE)
+    events = []
+    release(accelerator, quantized=True, events=events)
+    fetch(events)
+    assert events == ["host wait", "gather"]
+
+
+def test_order_site_names_the_coordinator_row():
+    from deepspeed_zeropp.patching.sites import SITES
+    assert [site.name for site in SITES if site.factory is secondary.coordinator_fetch] == [secondary.ORDER_SITE]

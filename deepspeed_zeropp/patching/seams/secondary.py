@@ -10,11 +10,14 @@ Here the write keeps no host wait; the streams it ran on are noted, and the coor
 all-gather stream wait for them on the device (``wait_stream``: an event, no host wait) before it issues a gather.
 Every gather the coordinator issues (fetch and prefetch) is issued inside its ``__all_gather_params``; other gathers
 (``GatheredParameters``, checkpoints) run on the current stream, after the write in stream order. Only with qwZ or
-MixZ++ on (the partition seam calls in) and on an accelerator that does not order streams by itself (CUDA): on the
-CPU, or with ZeRO++ off, DeepSpeed's code runs as it is.
+MixZ++ on (the partition seam calls in), on an accelerator that does not order streams by itself (CUDA), and with
+the coordinator's seam installed (``patch(exclude=...)`` may leave it out): otherwise DeepSpeed's code runs as it is.
 """
 import contextlib
 
+from .. import installed
+
+ORDER_SITE = "PartitionedParameterCoordinator._PartitionedParameterCoordinator__all_gather_params"  # its site row
 # Streams that wrote secondary partitions since the coordinator last waited for them (usually one: the compute stream).
 _written = []
 
@@ -34,7 +37,7 @@ def without_host_wait():
     ``resolves_data_dependency``, on every release since 0.14.4) and the current stream is noted for the
     coordinator's next fetch to wait on."""
     accelerator = _accelerator()
-    if accelerator.resolves_data_dependency():
+    if accelerator.resolves_data_dependency() or ORDER_SITE not in installed.replaced:
         yield
         return
     shadowed = accelerator.__dict__.get("resolves_data_dependency")
