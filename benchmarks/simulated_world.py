@@ -52,7 +52,7 @@ SETTINGS = {  # name -> (what it shows, the simulate command's arguments)
                      "(`benchmarks/configs/gpt7b_tuned.json`)",
                      "--model gpt-7b --gpus-per-node 8 --nodes 8 --inter-gbps 100 400 --deepspeed-config "
                      "benchmarks/configs/gpt7b_tuned.json --configs unquantized ours-qwz-qgz upstream-qwz-qgz "
-                     "ours-qwz-qgz-hpz --reps 3 --steps 3 --warmup 1 --no-profile"),
+                     "ours-qwz-qgz-hpz ours-qwz-qgz-hpz-per-parameter --reps 3 --steps 3 --warmup 1 --no-profile"),
     # the profiled steps of the row above (exposed and waited communication per configuration), in one GPU call
     "n64_7b_tuned_profile": ("7B GPT, 8 nodes of 8, as `n64_7b_tuned`, one repetition: its profiled steps",
                              "--model gpt-7b --gpus-per-node 8 --nodes 8 --inter-gbps 100 400 --deepspeed-config "

@@ -39,6 +39,8 @@ def ds_config(run, dtype, batch_size=4):
     # DeepSpeed's default (5e8 elements) is far larger than these models; a run may set its own
     zero["reduce_bucket_size"] = run.get("reduce_bucket_size", zero["reduce_bucket_size"])
     zero["zero_quantized_nontrainable_weights"] = run.get("quantized_nontrainable", False)
+    if run.get("persistence_threshold"):  # parameters of at most this many elements stay whole on every rank
+        zero["stage3_param_persistence_threshold"] = run["persistence_threshold"]
     if run.get("sequential"):
         zero["stage3_allgather_sequential"] = True
     if run.get("checkpoint"):

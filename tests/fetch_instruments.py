@@ -5,6 +5,8 @@ ZeRO-3 weight fetches cost in collectives and operations, and whether packets ca
   steps, in all (``all_gathers``) and by the dtype of what was sent (``uint8``: packets; ``int8``: codes sent on
   their own; ``float32`` also counts fp32 scales sent on their own), and ``packets``: packet all-gathers issued by
   the fetch seam (``PacketGather`` handles made). Name this module before others whose ``after_training`` gathers.
+- every run reports ``persistent``: how many persistent parameters the optimizer gathers after every step, and
+  in how many dtypes.
 - a run with ``fetch_cost`` also reports ``fetch_cost`` after training: one fetch of the model's largest module
   with several parameters (a bucket) and of its largest parameter alone (a single-parameter fetch), each counted
   from the fetch call to the end of its wait: ``all_gathers``, ``ops`` (aten operations that ran) and ``kernels``
@@ -100,6 +102,8 @@ def after_training(job):
     frozen before other instruments gather parameters."""
     for field in ("collectives", "packets"):
         job.result[field] = dict(job.result.get(field, {}))
+    persistent = job.engine.optimizer.persistent_parameters
+    job.result["persistent"] = {"params": len(persistent), "dtypes": len({p.ds_tensor.dtype for p in persistent})}
     if not job.run.get("fetch_cost"):
         return
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus

@@ -88,3 +88,4 @@ SITES = (
 
 # Rows named elsewhere, as ``patch(exclude=...)`` takes them (a row's ``name``)
 FETCH_SITE = fetch.FETCH_SITE  # the fetch's one all-gather of codes and scales (packets)
+INIT_COALESCED_SITE = "Init._allgather_params_coalesced"  # also the persistent parameters' one all-gather a step

@@ -15,6 +15,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ..patching.sites import FETCH_SITE as PACKET_SITE  # one all-gather per quantized fetch
+from ..patching.sites import INIT_COALESCED_SITE  # the persistent parameters' one all-gather after a step
 from ..teardown import release
 from . import config as configs, model as models, timeline, world
 
@@ -41,6 +42,12 @@ CONFIGS = {  # the order within a repetition
     "upstream-qwz-qgz": Config("upstream qwZ+qgZ", False, QGZ, True),
     "ours-qwz-qgz-hpz": Config("ours qwZ+qgZ+hpZ", True, HPZ, True),
     "upstream-qwz-qgz-hpz": Config("upstream qwZ+qgZ+hpZ", False, HPZ, True),
+    # ours with Init's coalesced gather left to DeepSpeed: one all-gather per persistent parameter after a step
+    "ours-qwz-qgz-hpz-per-parameter": Config("ours qwZ+qgZ+hpZ, persistent gathered one by one",
+                                             True,
+                                             HPZ,
+                                             True,
+                                             exclude=(INIT_COALESCED_SITE, )),
 }
 UPSTREAM_OF = {  # ours -> upstream's same configuration
     key: key.replace("ours", "upstream")

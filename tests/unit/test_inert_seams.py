@@ -99,24 +99,43 @@ def test_init_gathers_call_straight_through_when_nothing_is_quantized(monkeypatc
 
 
 @pytest.mark.parametrize("quantized", [True, False])
-def test_init_coalesced_gather_splits_lists_only_when_quantizing(quantized):
+def test_init_coalesced_gather_splits_lists_only_when_quantizing(monkeypatch, quantized):
     """Up to 0.19.5 Init's coalesced gather waits on its list's last all-gather only: with a ZeRO++ flag the seam
-    hands it one parameter per call; without one, the stock call runs untouched."""
+    hands it a quantized list one parameter per call; without one, the stock call runs untouched."""
+    monkeypatch.setattr(gathers, "_init_layout", lambda *a, **k: {})  # the codes' layout needs a process group
     calls = []
 
     def original(init, params, hierarchy=0, quantize=False):
         calls.append([id(p) for p in params])
 
     params = [zero_param(4, torch.zeros(2)) for _ in range(3)]
-    gathers.init_gather_coalesced(original)(init(quantized), params)
+    gathers.init_gather_coalesced(original)(init(quantized), params, 0, quantize=True)
     expected = [[id(p)] for p in params] if quantized else [[id(p) for p in params]]
     assert calls == expected
+
+
+@pytest.mark.parametrize("quantized", [True, False])
+def test_init_coalesced_gather_of_unquantized_lists(monkeypatch, quantized):
+    """A list of unquantized partitions (the persistent parameters after every step): with a ZeRO++ flag one
+    gather of the whole list by coalesced.py (one all-gather per group and dtype); without one, the stock call."""
+    calls = []
+    monkeypatch.setattr(gathers.coalesced, "applies", lambda init, params: True)
+    monkeypatch.setattr(gathers.coalesced, "gather", lambda init, params: calls.append(("ours", len(params))))
+
+    def original(init, params, hierarchy=0, quantize=False):
+        calls.append(("stock", len(params)))
+
+    params = [zero_param(4, torch.zeros(2)) for _ in range(3)]
+    gathers.init_gather_coalesced(original)(init(quantized), params, 0, quantize=False)
+    gathers.init_gather_coalesced(original)(init(quantized), params[:1], 0, quantize=False)
+    assert calls == ([("ours", 3)] if quantized else [("stock", 3)]) + [("stock", 1)]
 
 
 def test_init_coalesced_gather_keeps_in_order_lists_whole(monkeypatch):
     """NCCL completes one group's all-gathers in launch order and every call ends in a device synchronization: such
     a list stays one call (one synchronization, not one per parameter); gloo, or two groups, split it."""
     calls, backends = [], {"first": "nccl", "second": "nccl", "cpu": "gloo"}
+    monkeypatch.setattr(gathers, "_init_layout", lambda *a, **k: {})
     monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None: backends[group])
 
     def original(init, params, hierarchy=0, quantize=False):
@@ -127,10 +146,10 @@ def test_init_coalesced_gather_keeps_in_order_lists_whole(monkeypatch):
         quantizing = init(quantized=True)
         quantizing.get_partition_dp_group = lambda param, groups=groups: groups.get(id(param), "first")
         calls.clear()
-        gathers.init_gather_coalesced(original)(quantizing, params)
+        gathers.init_gather_coalesced(original)(quantizing, params, 0, quantize=True)
         assert calls == expected
     gloo = init(quantized=True)
     gloo.get_partition_dp_group = lambda param: "cpu"
     calls.clear()
-    gathers.init_gather_coalesced(original)(gloo, params)
+    gathers.init_gather_coalesced(original)(gloo, params, 0, quantize=True)
     assert calls == [1, 1, 1]

@@ -8,7 +8,7 @@ import torch
 
 from ...formats.grouping import blocks_of
 from ..scope import dequant_target
-from . import fetch
+from . import coalesced, fetch
 from .fetch import PacketGather
 from .common import bucket_dtype, dtype_scoped, own_dtype, restore_dtypes, stored_quantized, weights_quantized
 
@@ -187,11 +187,19 @@ def init_gather_coalesced(original):
     partitions). With one parameter, its one all-gather is the one waited on. Lists whose all-gathers complete in
     launch order (NCCL, one group) stay one call: each call ends in a device synchronization, so splitting the
     persistent parameters' gather after every step cost each ZeRO-3 step one host stall per parameter.
-    Without a ZeRO++ flag the original runs untouched, as stock."""
+    A list of unquantized partitions (those persistent parameters after every step) is gathered in one all-gather
+    per partition group and dtype instead of one per parameter (``coalesced.py``: the same values, one collective's
+    latency a step instead of hundreds). Without a ZeRO++ flag the original runs untouched, as stock."""
     gather = dtype_scoped(lambda init, params, *a, **k: params, _init_coalesced_quantized, _init_layout)(original)
 
     def wrapper(init, params, *args, **kwargs):
-        if len(params) < 2 or not weights_quantized(init) or _completes_in_order(init, params):
+        if len(params) < 2 or not weights_quantized(init):
+            return gather(init, params, *args, **kwargs)
+        if not _init_coalesced_quantized(init, params, *args, **kwargs):
+            if coalesced.applies(init, params):
+                return coalesced.gather(init, params)
+            return gather(init, params, *args, **kwargs)
+        if _completes_in_order(init, params):
             return gather(init, params, *args, **kwargs)
         for param in params:
             gather(init, [param], *args, **kwargs)
