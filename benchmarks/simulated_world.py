@@ -58,6 +58,11 @@ SETTINGS = {  # name -> (what it shows, the simulate command's arguments)
                              "--model gpt-7b --gpus-per-node 8 --nodes 8 --inter-gbps 100 400 --deepspeed-config "
                              "benchmarks/configs/gpt7b_tuned.json --configs unquantized ours-qwz-qgz ours-qwz-qgz-hpz "
                              "--reps 1 --steps 2 --warmup 1"),
+    # the bound's other half: the same sizes with collectives free (what the host and the GPU's compute take)
+    "n64_7b_tuned_free": ("7B GPT, 8 nodes of 8, as `n64_7b_tuned`, collectives free",
+                          "--model gpt-7b --gpus-per-node 8 --nodes 8 --free --inter-gbps --deepspeed-config "
+                          "benchmarks/configs/gpt7b_tuned.json --configs unquantized ours-qwz-qgz ours-qwz-qgz-hpz "
+                          "--reps 3 --steps 3 --warmup 1 --no-profile"),
     "n2_validation": ("1.4B GPT, 2 ranks as 2 nodes over the link fitted to the committed 2-GPU socket runs",
                       "--model gpt-1.4b --gpus-per-node 1 --nodes 2 --inter-gbps 32 --inter-alpha-us 50 --configs "
                       "unquantized ours-qwz-qgz upstream-qwz-qgz --reps 3 --steps 5 --warmup 1 --no-profile"),
