@@ -17,6 +17,8 @@ import itertools
 
 import torch
 
+from ...qgz import batches  # consecutive runs within a size limit, as qgZ batches its all-to-alls
+
 MAX_GATHERED_NUMEL = 1 << 24  # gathered elements per all-gather (32 MiB of bf16): the copy's extra memory
 
 
@@ -32,16 +34,9 @@ def _numel(param):
 def chunks(params, world):
     """``params`` sorted by partition numel, cut into lists of at most MAX_GATHERED_NUMEL gathered elements (a
     larger partition alone)."""
-    chunk, total = [], 0
-    for param in sorted(params, key=_numel):
-        size = _numel(param) * world
-        if chunk and total + size > MAX_GATHERED_NUMEL:
-            yield chunk
-            chunk, total = [], 0
-        chunk.append(param)
-        total += size
-    if chunk:
-        yield chunk
+    ordered = sorted(params, key=_numel)
+    for batch in batches([_numel(p) * world for p in ordered], MAX_GATHERED_NUMEL):
+        yield [ordered[i] for i in batch]
 
 
 def assign(params, gathered, world):
@@ -90,9 +85,12 @@ def gather(init, params):
             else:
                 work = dist.all_gather(list(gathered.view(world, -1).unbind(0)), sent, group=group, async_op=True)
             launched.append((work, chunk, gathered, world))
-    for work, chunk, gathered, world in launched:
+    launched.reverse()
+    while launched:  # each gathered buffer is dropped once read: at most one chunk's copy beside the buffers
+        work, chunk, gathered, world = launched.pop()
         work.wait()
         assign(chunk, gathered, world)
+        del gathered
     if not accelerator.resolves_data_dependency():
         accelerator.synchronize()
     return None
