@@ -75,3 +75,29 @@ def extension_builds():
     not a reason to skip."""
     from deepspeed_zeropp.backends import cuda as cuda_backend
     assert cuda_backend.load_error() is None
+
+
+def assert_persistent_gathered_once(job, model, dtype, threshold, steps=3, bitwise=True, **options):
+    """``job(runs, model=, dtype=, steps=, **options)`` trains ``model`` with persistent parameters (at most
+    ``threshold`` elements): unquantized, ours, and ours with Init's coalesced gather left to DeepSpeed. Ours
+    trains like unquantized and (``bitwise``: where the training's arithmetic is deterministic, as on the CPU) bit
+    for bit like the stock gather, and issues one all-gather per dtype of the persistent parameters after each step
+    where the stock gather issues one per parameter (the runs' instruments must include tests.fetch_instruments)."""
+    from deepspeed_zeropp.patching.sites import INIT_COALESCED_SITE
+    runs = [{"name": "baseline", "persistence_threshold": threshold}]
+    runs += [{"name": "ours", "quantized": True, "persistence_threshold": threshold, "digest": True}]
+    runs += [dict(runs[-1], name="stock", exclude_sites=[INIT_COALESCED_SITE])]
+    result = job(runs, model=model, dtype=dtype, steps=steps, **options)
+    ours, stock = result["runs"]["ours"], result["runs"]["stock"]
+    assert_trained_like_baseline(result, "ours", "quantized_bucket_gathers", steps=steps)
+    if bitwise:
+        assert ours["losses"] == stock["losses"] and ours["digest"] == stock["digest"]
+    else:
+        assert_trained_like_baseline(dict(result, runs=dict(result["runs"], baseline=stock)),
+                                     "ours",
+                                     "quantized_bucket_gathers",
+                                     steps=steps)
+    persistent = ours["persistent"]
+    assert persistent["params"] > persistent["dtypes"] >= 1, persistent
+    saved = steps * (persistent["params"] - persistent["dtypes"])
+    assert ours["collectives"]["all_gathers"] == stock["collectives"]["all_gathers"] - saved, (ours, stock)

@@ -8,6 +8,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from harness.launch import run_job  # noqa: E402
+from tests.helpers import assert_persistent_gathered_once  # noqa: E402
 from tests.helpers import assert_shared_all_to_alls_change_no_bit, assert_trained_like_baseline  # noqa: E402
 
 RUNS = [{
@@ -139,3 +140,19 @@ def test_qgz_on_two_gpus_as_two_nodes():
         run = upstream["runs"].get(dtype, {"error": "not reached: an earlier case crashed"})
         corrupted = "error" in run or not run["cases"][0]["finite"] or run["cases"][0]["rms_error_of_rms"] > 0.5
         assert corrupted, (dtype, run)
+
+
+def _fetch_job(runs, **spec):
+    spec = dict(spec,
+                patch=True,
+                seed=0,
+                runs=runs,
+                instruments=["tests.fetch_instruments", "tests.harness_instruments"])
+    return run_job(spec, world_size=2, timeout=600, device="cuda-shared")
+
+
+def test_persistent_parameters_in_one_all_gather():
+    """The persistent parameters' gather after each step with CUDA tensors (2 ranks on GPU 0 over gloo): one
+    all-gather per dtype, training like the stock per-parameter gather (GPU arithmetic is not bit-reproducible from
+    run to run: within the loss tolerance) and like unquantized."""
+    assert_persistent_gathered_once(_fetch_job, "bert", "bf16", 1100, bitwise=False)

@@ -6,9 +6,8 @@ torch backend's arithmetic is deterministic), every quantized fetch sends one pa
 all-gathers than the unquantized run's."""
 import pytest
 
-from deepspeed_zeropp.patching.sites import INIT_COALESCED_SITE
 from harness.launch import run_job
-from tests.helpers import STEPS, assert_trained_like_baseline, has_sequential_flag
+from tests.helpers import STEPS, assert_persistent_gathered_once, assert_trained_like_baseline, has_sequential_flag
 
 SPLIT = ["partition_parameters._dist_allgather_fn"]
 INSTRUMENTS = ["tests.fetch_instruments", "tests.harness_instruments"]  # see fetch_instruments
@@ -119,23 +118,9 @@ def test_hpz_secondary_fetches_send_one_packet():
     assert packed["collectives"]["all_gathers"] == runs["baseline"]["collectives"]["all_gathers"]
 
 
-PERSISTENT_SITE = [INIT_COALESCED_SITE]
-
-
 @pytest.mark.parametrize("model,dtype,threshold", [("bert", "bf16", 1100), ("mixed", "fp32", 500)])
 def test_persistent_parameters_gathered_in_one_all_gather(model, dtype, threshold):
     """With persistent parameters (BERT's biases and layer norms; the mixed model's fp32 head and bf16 gate bias,
     padded partitions among them), ZeRO-3 gathers them again after every step: one all-gather per dtype with the
     patch, one per parameter with its seam left out (DeepSpeed's), bit for bit the same training."""
-    runs = [{"name": "baseline", "persistence_threshold": threshold}]
-    runs += [{"name": "ours", "quantized": True, "persistence_threshold": threshold, "digest": True}]
-    runs += [dict(runs[-1], name="stock", exclude_sites=PERSISTENT_SITE)]
-    result = job(runs, model=model, dtype=dtype, steps=3)
-    runs = result["runs"]
-    ours, stock = runs["ours"], runs["stock"]
-    assert_trained_like_baseline(result, "ours", "quantized_bucket_gathers", steps=3)
-    assert ours["losses"] == stock["losses"] and ours["digest"] == stock["digest"]
-    persistent = ours["persistent"]
-    assert persistent["params"] > persistent["dtypes"] >= 1, persistent
-    saved = 3 * (persistent["params"] - persistent["dtypes"])
-    assert ours["collectives"]["all_gathers"] == stock["collectives"]["all_gathers"] - saved, (ours, stock)
+    assert_persistent_gathered_once(job, model, dtype, threshold)
