@@ -102,7 +102,7 @@ def after_training(job):
     frozen before other instruments gather parameters."""
     for field in ("collectives", "packets"):
         job.result[field] = dict(job.result.get(field, {}))
-    persistent = job.engine.optimizer.persistent_parameters
+    persistent = getattr(job.engine.optimizer, "persistent_parameters", [])
     job.result["persistent"] = {"params": len(persistent), "dtypes": len({p.ds_tensor.dtype for p in persistent})}
     if not job.run.get("fetch_cost"):
         return

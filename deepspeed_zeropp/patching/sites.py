@@ -88,4 +88,5 @@ SITES = (
 
 # Rows named elsewhere, as ``patch(exclude=...)`` takes them (a row's ``name``)
 FETCH_SITE = fetch.FETCH_SITE  # the fetch's one all-gather of codes and scales (packets)
-INIT_COALESCED_SITE = "Init._allgather_params_coalesced"  # also the persistent parameters' one all-gather a step
+# Init's coalesced gather: also the persistent parameters' one all-gather a step
+INIT_COALESCED_SITE = next(site.name for site in SITES if site.factory is gathers.init_gather_coalesced)

@@ -41,7 +41,8 @@ INSTALLED_ONLY = (
 # Rows of the support table: a title and the test ids (substrings) whose outcomes it summarises.
 ROWS = (
     ("unit tests", ("tests.unit.", )),
-    ("qwZ bf16, the BERT of the crash (coalesced gather)", ("test_bert_bf16_coalesced_issue_7775", )),
+    ("qwZ bf16, the BERT of the crash (coalesced gather)", ("test_bert_bf16_coalesced_issue_7775",
+                                                            "test_bert_bf16_persistent_parameters_in_one_all_gather")),
     ("qwZ fp32, sequential gather, bf16 + fp32 in one bucket", ("test_bert_fp32", "test_bert_bf16_sequential",
                                                                 "test_bucket_mixing_bf16_and_fp32")),
     ("unpatched run fails as upstream does", ("test_unpatched_reproduces_upstream_failure", )),

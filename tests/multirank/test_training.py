@@ -9,7 +9,7 @@ import pytest
 from packaging.version import Version
 
 from harness.launch import run_job
-from tests.helpers import STEPS, assert_trained_like_baseline, has_sequential_flag
+from tests.helpers import STEPS, assert_persistent_gathered_once, assert_trained_like_baseline, has_sequential_flag
 
 WORLD = 2
 
@@ -69,3 +69,18 @@ def test_unpatched_reproduces_upstream_failure():
         assert multiple_of_8 or error.startswith("RuntimeError") and ("Half" in error or "dtype" in error), error
     else:
         assert multiple_of_8, error
+
+
+def test_bert_bf16_persistent_parameters_in_one_all_gather():
+    """BERT's persistent parameters (biases and layer norms, 46 at a threshold of 1100 elements), gathered again
+    after every step through Init's coalesced gather: one all-gather with the patch, one per parameter with its
+    seam left out, bit for bit the same training, on every release."""
+
+    def fetch_job(runs, model, dtype, steps):
+        return job(model,
+                   dtype,
+                   runs,
+                   steps=steps,
+                   instruments=["tests.fetch_instruments", "tests.harness_instruments"])
+
+    assert_persistent_gathered_once(fetch_job, "bert", "bf16", 1100)
