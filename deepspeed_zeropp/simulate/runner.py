@@ -7,6 +7,7 @@ step times, host CPU time, losses, skipped steps, collectives (by kind, dtype an
 sends per link class and the peak memory; once per configuration, after the repetitions, the GPU kernel time and
 launches of two profiled steps, and per modelled link two more, for the communication the compute leaves exposed.
 """
+import contextlib
 import math
 import statistics
 import time
@@ -129,13 +130,19 @@ def build(config, shape, topology, micro_batch, dtype, reuse_distance=None, buck
     return engine
 
 
-def step(engine, shape, micro_batch, index):
-    """One optimizer step; (loss, wall ms, host CPU ms). The loss's ``item()`` waits for the GPU."""
+def step(engine, shape, micro_batch, index, mark=None):
+    """One optimizer step; (loss, wall ms, host CPU ms). The loss's ``item()`` waits for the GPU. ``mark``: a
+    context manager factory, called with each phase's name (timeline.PHASE_MARK + phase) around that phase."""
+    mark = mark or (lambda name: contextlib.nullcontext())
+    forward, backward, update = (timeline.PHASE_MARK + phase for phase in timeline.PHASES)
     tokens, labels = models.batch(shape, micro_batch, index, engine.device)
     wall, cpu = time.perf_counter(), time.process_time()
-    loss = engine(tokens, labels)
-    engine.backward(loss)
-    engine.step()
+    with mark(forward):
+        loss = engine(tokens, labels)
+    with mark(backward):
+        engine.backward(loss)
+    with mark(update):
+        engine.step()
     value = loss.item()
     return value, (time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3
 
@@ -146,10 +153,10 @@ def profiled(engine, shape, micro_batch, first, steps=2):
     communication the compute leaves exposed and the part of it launched compute waited on, with the collectives'
     time in all and concurrent (timeline.py: None where no link model put a collective's time on the timeline)."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for i in range(steps):
-            step(engine, shape, micro_batch, first + i)
+            step(engine, shape, micro_batch, first + i, mark=record_function)
     kernels = [
         e for e in prof.events()
         if e.device_type == DeviceType.CUDA and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()

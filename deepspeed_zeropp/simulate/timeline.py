@@ -14,7 +14,9 @@ follows had already been launched: the compute was held back while the collectiv
 which the step pays. It needs each activity's launch time (the CUDA runtime call that queued it); without them it is
 None. Beside them, the communication time (the union of the collectives' intervals: its total on the timeline) and
 the concurrent time (two or more communication streams busy at once, which the link model lets run at full speed
-each).
+each). Where the host marked the phases of its steps (``record_function`` ranges named ``PHASE_MARK + phase``:
+forward, backward, the optimizer step), the waited time is also split by the phase during which the host launched
+the compute that waited: which part of the step pays for the link.
 
 The figures come back in the unit the activities' times are given in; integers give exact results.
 """
@@ -23,6 +25,8 @@ import collections
 from typing import NamedTuple, Optional
 
 SLEEP_KERNEL = "spin_kernel"  # torch.cuda._sleep's kernel: link.Delay launches it on group streams only
+PHASE_MARK = "zeropp.simulate."  # host ranges named PHASE_MARK + one of PHASES (runner.step marks them)
+PHASES = ("forward", "backward", "step")
 
 
 class Activity(NamedTuple):
@@ -101,20 +105,43 @@ def held_back(compute, collectives):
     launch (queued before the profile began) counts nothing; None where no launch time is known at all."""
     if compute and all(a.launched is None for a in compute):
         return None
+    return sum(waited for _, waited in _waits(compute, collectives))
+
+
+def _waits(compute, collectives):
+    """(launch, waited) of each stretch without compute on one device whose ending compute has a known launch."""
     first_launch = {}
     for a in compute:
         if a.launched is not None:
             first_launch[a.start] = min(first_launch.get(a.start, a.launched), a.launched)
     union = merged(collectives)
     ends = [end for _, end in union]
-    waited, previous_end = 0, None
+    previous_end = None
     for start, end in merged((a.start, a.end) for a in compute):
         launched = first_launch.get(start)
         if launched is not None:
             since = launched if previous_end is None else max(previous_end, launched)
-            waited += _within(union, ends, since, start)
+            yield launched, _within(union, ends, since, start)
         previous_end = end
-    return waited
+
+
+def waited_by_phase(activities, comm_streams, windows):
+    """{phase: waited time} of ``activities`` (as :func:`exposure`'s waited, per device, summed), each stretch's
+    wait given to the phase whose host window (``(start, end, phase)``, disjoint) holds the launch of the compute
+    that waited; a launch outside every window counts under None. Every phase of ``windows`` appears."""
+    by_device = collections.defaultdict(lambda: ([], []))
+    for a in activities:
+        comm, compute = by_device[a.device]
+        (comm if (a.device, a.stream) in comm_streams else compute).append(a)
+    windows = sorted(windows)
+    starts = [start for start, _, _ in windows]
+    found = dict.fromkeys((phase for _, _, phase in windows), 0)
+    for comm, compute in by_device.values():
+        for launched, waited in _waits(compute, [(a.start, a.end) for a in comm]):
+            i = bisect.bisect_right(starts, launched) - 1
+            phase = windows[i][2] if i >= 0 and launched < windows[i][1] else None
+            found[phase] = found.get(phase, 0) + waited
+    return found
 
 
 def communication_streams(activities, marker=SLEEP_KERNEL):
@@ -178,15 +205,29 @@ FIGURES = (("exposed_comm", "exposed"), ("comm_waited", "waited"), ("comm", "com
            ("comm_concurrent", "concurrent"))  # (name in the results, Exposure field)
 
 
+def phase_windows(events):
+    """The host's phase ranges in ``events`` (CPU ranges named PHASE_MARK + phase) as ``(start, end, phase)`` in
+    integer nanoseconds."""
+    from torch.autograd import DeviceType
+    return [(_ns(e.time_range.start), _ns(e.time_range.end), e.name[len(PHASE_MARK):]) for e in events
+            if e.device_type == DeviceType.CPU and e.name.startswith(PHASE_MARK)]
+
+
 def figures(events, steps):
     """Exposed, waited, total and concurrent communication ms per step of a profile of ``steps`` steps; each None
     where the profile ran no communication stream (no link model: collectives then cost only their copies), waited
-    also where launch times are unknown."""
+    also where launch times are unknown. Where the host marked its phases, also the waited ms per step by phase
+    (``comm_waited_<phase>_ms_per_step``; ``..._other_...``: compute launched outside them)."""
     activities = from_profile(events)
     streams = communication_streams(activities)
     found = exposure(activities, streams) if streams else None
     values = {field: None if found is None else getattr(found, field) for _, field in FIGURES}
-    return {
+    result = {
         f"{name}_ms_per_step": None if values[field] is None else values[field] / 1e6 / steps
         for name, field in FIGURES
     }
+    windows = phase_windows(events)
+    if windows and values["waited"] is not None:
+        for phase, waited in waited_by_phase(activities, streams, windows).items():
+            result[f"comm_waited_{phase or 'other'}_ms_per_step"] = waited / 1e6 / steps
+    return result

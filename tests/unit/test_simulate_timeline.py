@@ -170,6 +170,46 @@ def test_launch_times_from_runtime_calls():
     assert timeline.figures(events, steps=2)["comm_waited_ms_per_step"] == 0.75  # [1500, 3000) us over 2 steps
 
 
+def test_waited_by_the_phase_that_launched_the_compute():
+    """Each stretch's wait goes to the host phase in which the compute that waited was launched; a launch outside
+    every phase counts under None; the phases' sum is the waited total."""
+    activities = [
+        kernel(COMPUTE, 0, 10, launched=0),
+        collective(COMM, 10, 30),
+        kernel(COMPUTE, 30, 40, launched=25),  # waited 5, launched in forward
+        collective(COMM, 40, 70),
+        kernel(COMPUTE, 70, 80, launched=45),  # waited 25, launched in backward
+        kernel(COMPUTE, 0, 10, device=1, launched=0),
+        collective(COMM, 10, 20, device=1),
+        kernel(COMPUTE, 20, 30, device=1, launched=95),  # launched after the last phase: its wait counts nothing
+    ]
+    streams = timeline.communication_streams(activities)
+    windows = [(28, 60, "backward"), (0, 28, "forward"), (60, 90, "step")]
+    found = timeline.waited_by_phase(activities, streams, windows)
+    assert found == {"backward": 25, "forward": 5, "step": 0, None: 0}
+    assert sum(found.values()) == timeline.exposure(activities, streams).waited
+    late = activities[:-1] + [kernel(COMPUTE, 25, 30, device=1, launched=12)]  # waited 8, launched in forward
+    assert timeline.waited_by_phase(late, streams, windows)["forward"] == 13
+    assert timeline.waited_by_phase(late, streams, [(0, 11, "forward")]) == {"forward": 0, None: 38}
+
+
+def test_figures_split_the_waited_time_by_phase():
+    cpu = DeviceType.CPU
+    mark = timeline.PHASE_MARK
+    events = [
+        _event(mark + "forward", 1, 0.0, 1600.0, cpu, "user_annotation"),
+        _event(mark + "backward", 1, 1600.0, 5000.0, cpu, "user_annotation"),
+        _event("cudaLaunchKernel", 1, 10.0, 12.0, cpu, "cuda_runtime", id=5),
+        _event("gemm", COMPUTE, 20.0, 1000.0, id=5),
+        _event(SLEEP, COMM, 1000.0, 3000.0, id=7),
+        _event("cudaLaunchKernel", 1, 1500.0, 1502.0, cpu, "cuda_runtime", id=8),
+        _event("gemm", COMPUTE, 3000.0, 4000.0, id=8),
+    ]
+    found = timeline.figures(events, steps=2)
+    assert found["comm_waited_ms_per_step"] == 0.75  # [1500, 3000) us over 2 steps, launched in forward
+    assert (found["comm_waited_forward_ms_per_step"], found["comm_waited_backward_ms_per_step"]) == (0.75, 0.0)
+
+
 def test_report_shows_exposed_beside_modelled():
     from deepspeed_zeropp.simulate import report
     link = "100 Gbit/s"
