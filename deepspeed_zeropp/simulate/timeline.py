@@ -129,15 +129,11 @@ def waited_by_phase(activities, comm_streams, windows):
     """{phase: waited time} of ``activities`` (as :func:`exposure`'s waited, per device, summed), each stretch's
     wait given to the phase whose host window (``(start, end, phase)``, disjoint) holds the launch of the compute
     that waited; a launch outside every window counts under None. Every phase of ``windows`` appears."""
-    by_device = collections.defaultdict(lambda: ([], []))
-    for a in activities:
-        comm, compute = by_device[a.device]
-        (comm if (a.device, a.stream) in comm_streams else compute).append(a)
     windows = sorted(windows)
     starts = [start for start, _, _ in windows]
     found = dict.fromkeys((phase for _, _, phase in windows), 0)
-    for comm, compute in by_device.values():
-        for launched, waited in _waits(compute, [(a.start, a.end) for a in comm]):
+    for comm, compute in _per_device(activities, comm_streams):
+        for launched, waited in _waits(compute, [interval for intervals in comm.values() for interval in intervals]):
             i = bisect.bisect_right(starts, launched) - 1
             phase = windows[i][2] if i >= 0 and launched < windows[i][1] else None
             found[phase] = found.get(phase, 0) + waited
@@ -149,9 +145,8 @@ def communication_streams(activities, marker=SLEEP_KERNEL):
     return {(a.device, a.stream) for a in activities if marker in a.name}
 
 
-def exposure(activities, comm_streams):
-    """:class:`Exposure` of ``activities``, with those on ``comm_streams`` (``(device, stream)`` pairs) the
-    collectives' and every other one compute; per device, summed over devices."""
+def _per_device(activities, comm_streams):
+    """Per device: its collectives' intervals by stream (those on ``comm_streams``) and its compute activities."""
     by_device = collections.defaultdict(lambda: (collections.defaultdict(list), []))
     for a in activities:
         comm, compute = by_device[a.device]
@@ -159,8 +154,14 @@ def exposure(activities, comm_streams):
             comm[a.stream].append((a.start, a.end))
         else:
             compute.append(a)
+    return by_device.values()
+
+
+def exposure(activities, comm_streams):
+    """:class:`Exposure` of ``activities``, with those on ``comm_streams`` (``(device, stream)`` pairs) the
+    collectives' and every other one compute; per device, summed over devices."""
     exposed = communication = concurrent = waited = 0
-    for comm, compute in by_device.values():
+    for comm, compute in _per_device(activities, comm_streams):
         collectives = [interval for intervals in comm.values() for interval in intervals]
         exposed += uncovered(collectives, [(a.start, a.end) for a in compute])
         communication += length(collectives)

@@ -18,13 +18,9 @@ import itertools
 import torch
 
 from ...qgz import batches  # consecutive runs within a size limit, as qgZ batches its all-to-alls
+from .common import accelerator as _accelerator
 
 MAX_GATHERED_NUMEL = 1 << 24  # gathered elements per all-gather (32 MiB of bf16): the copy's extra memory
-
-
-def _accelerator():
-    from deepspeed.accelerator import get_accelerator
-    return get_accelerator()
 
 
 def _numel(param):

@@ -15,6 +15,12 @@ from ..scope import dequant_target
 MARKER = "__deepspeed_zeropp__"
 
 
+def accelerator():
+    """DeepSpeed's accelerator, imported when a seam first needs it (seams load before DeepSpeed may)."""
+    from deepspeed.accelerator import get_accelerator
+    return get_accelerator()
+
+
 def own_dtype(param):
     """The dtype a ZeRO-3 parameter must be handed back in.
 

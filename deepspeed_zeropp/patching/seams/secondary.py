@@ -16,15 +16,11 @@ the coordinator's seam installed (``patch(exclude=...)`` may leave it out): othe
 import contextlib
 
 from .. import installed
+from .common import accelerator as _accelerator
 
 ORDER_SITE = "PartitionedParameterCoordinator._PartitionedParameterCoordinator__all_gather_params"  # its site row
 # Streams that wrote secondary partitions since the coordinator last waited for them (usually one: the compute stream).
 _written = []
-
-
-def _accelerator():
-    from deepspeed.accelerator import get_accelerator
-    return get_accelerator()
 
 
 def _resolved():
