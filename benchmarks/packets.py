@@ -1,11 +1,13 @@
 """A quantized fetch's own work on the CUDA backend, with and without its packet entry points: quantize writing into
 the packet (``quantize_into``) and the gathered packets dequantized in place (``dequantize_ranks``), against the
 backend's plain quantize / dequantize with copies into and out of the packets (what ``ops`` does for a backend
-without them). Timed interleaved in one process (the order rotated every trial), wall time per call between CUDA
+without them); and a bucket's wait (``ops.dequantize_packed_parts``: every parameter's part of the 8 packets in a
+buffer of its own) written in place, one kernel per parameter (``dequantize_rows_into``, the backend's
+``WRITES_PARTS`` on), against one dequantize of the bucket and a copy per parameter. Timed interleaved in one process (the order rotated every trial), wall time per call between CUDA
 events, so host work counts wherever it outlasts the kernels; kernel launches counted with the profiler.
 
 Per-rank sizes: a 1-D tensor, a 2048 x 2048 matrix's share of 8 ranks, and the share of 7 such matrices (a fetch of
-several of the 1.4B GPT's linear layers at once); 8 packets gathered, bf16.
+several of the 1.4B GPT's linear layers at once, its wait 7 parameters); 8 packets gathered, bf16.
 
     python benchmarks/packets.py [--out benchmarks/results]      (a CUDA GPU)
 writes packets.{json,md}.
@@ -28,6 +30,19 @@ RANKS = 8
 SIZES = {"1-D tensor": 2048, "matrix share": 2048 * 2048 // RANKS, "bucket share": 7 * 2048 * 2048 // RANKS}
 ENTRY_POINTS = ("quantize_into", "dequantize_ranks")
 TRIALS, REPS = 9, 50
+
+
+STEPS = ("quantize", "dequantize", "bucket wait")
+
+
+@contextlib.contextmanager
+def writing_parts(on):
+    saved = cuda.WRITES_PARTS
+    cuda.WRITES_PARTS = on
+    try:
+        yield
+    finally:
+        cuda.WRITES_PARTS = saved
 
 
 @contextlib.contextmanager
@@ -66,6 +81,18 @@ def measure():
         def dequantize(buffer):
             return ops.dequantize_packed(buffer, layout, (count, ), torch.bfloat16, backend="cuda")
 
+        matrices = max(1, numel // (2048 * 2048 // RANKS))
+        parts = [numel // matrices] * matrices
+        dtypes = [torch.bfloat16] * matrices
+
+        def wait(on):
+
+            def run(buffer):
+                with writing_parts(on):
+                    return ops.dequantize_packed_parts(buffer, layout, parts, dtypes, backend="cuda")
+
+            return run
+
         def plain(fn):
 
             def run(x):
@@ -79,6 +106,8 @@ def measure():
             "quantize, copies": (plain(quantize), [part]),
             "dequantize, in place": (dequantize, [received]),
             "dequantize, copies": (plain(dequantize), [received]),
+            "bucket wait, in place": (wait(True), [received]),
+            "bucket wait, copies": (wait(False), [received]),
         }
         for fn, inputs in functions.values():
             for _ in range(3):
@@ -89,7 +118,7 @@ def measure():
         for key, (fn, inputs) in functions.items():
             row["us"][key] = [s * 1e6 for s in samples[key]]
             row["launches"][key] = launches(fn, inputs)
-        for step in ("quantize", "dequantize"):
+        for step in STEPS:
             row["speedup"][step] = paired_ratio(samples[f"{step}, in place"], samples[f"{step}, copies"])
         rows.append(row)
     return {
@@ -114,7 +143,7 @@ def render(results):
         "|---|---|---|---|---|---|"
     ]
     for row in results["rows"]:
-        for step in ("quantize", "dequantize"):
+        for step in STEPS:
             cells = []
             for way in ("in place", "copies"):
                 us = row["us"][f"{step}, {way}"]

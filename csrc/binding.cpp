@@ -326,6 +326,54 @@ at::Tensor dequantize_rows(const at::Tensor& codes, const at::Tensor& scales, in
     return out;
 }
 
+// One parameter's part of every rank's packet, written straight into its buffer: `codes` [k, n] int8, columns
+// [first_column, first_column + n) of the packets' codes (a view with unit inner stride), `scales` [k, G] fp32 the
+// packets' whole scale rows, rows lying equally many bytes apart as in dequantize_rows; `out` a contiguous [k, n]
+// tensor of fp16, bf16 or fp32 on the same device. Group of column c: c / group_size.
+void dequantize_rows_into(
+    const at::Tensor& codes, const at::Tensor& scales, int64_t group_size, int64_t first_column, at::Tensor& out)
+{
+    check_cuda(codes, "codes");
+    check_cuda(scales, "scales");
+    check_dtype(codes, at::kChar, "codes");
+    check_dtype(scales, at::kFloat, "scales");
+    check_same_device(scales, codes, "scales", "codes");
+    check_contiguous_cuda(out, "out");
+    check_same_device(out, codes, "out", "codes");
+    const dszpp::Format format = format_of(out.scalar_type(), "out");
+    TORCH_CHECK(codes.dim() == 2 && scales.dim() == 2 && out.dim() == 2 && codes.size(0) == scales.size(0) &&
+                    codes.sizes() == out.sizes(),
+                message("codes and out must be [k, n] and scales [k, G] with as many rows, got sizes ", codes.sizes(),
+                        ", ", out.sizes(), " and ", scales.sizes()));
+    TORCH_CHECK(codes.stride(1) == 1 && scales.stride(1) == 1,
+                message("rows must be contiguous (inner stride 1), got strides ", codes.strides(), " and ",
+                        scales.strides()));
+    const int64_t rows = codes.size(0), numel = codes.size(1);
+    TORCH_CHECK(rows <= 65535, message("at most 65535 rows are read per call, got ", rows));
+    TORCH_CHECK(rows == 1 || codes.stride(0) == scales.stride(0) * 4,
+                message("codes and scales rows must lie equally many bytes apart, got row strides ", codes.stride(0),
+                        " bytes and ", scales.stride(0), " floats"));
+    TORCH_CHECK(group_size >= 1 && first_column >= 0,
+                message("group_size must be >= 1 and first_column >= 0, got ", group_size, " and ", first_column));
+    // by division, so that first_column + numel cannot overflow: the last column's group must have a scale
+    TORCH_CHECK(numel == 0 || (first_column + (numel - 1)) / group_size < scales.size(1),
+                message("columns ", first_column, " to ", first_column + numel, " in groups of ", group_size,
+                        " need more than the ", scales.size(1), " scales a row"));
+    if (rows == 0 || numel == 0) return;
+    const OnDevice device(codes);
+    dszpp::launch_dequantize_rows_into(format,
+                                       codes.data_ptr<int8_t>(),
+                                       scales.data_ptr<float>(),
+                                       rows == 1 ? 0 : codes.stride(0),
+                                       first_column,
+                                       out.data_ptr(),
+                                       rows,
+                                       numel,
+                                       group_size,
+                                       device.stream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // ---- qgZ and LoCo ----
 //
 // The same conditions as backends/cuda.py's _check_qgz calls (which raise the user-facing ValueError first), in the
@@ -512,6 +560,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.def("dequantize_rows",
           &dequantize_rows,
           "codes [k, n], scales [k, G] (rows apart), group_size, format id -> [k, n] values");
+    m.def("dequantize_rows_into",
+          &dequantize_rows_into,
+          "codes [k, n] (columns from first_column), scales [k, G], group_size, first_column, out [k, n]");
     m.def("qgz_encode", &qgz_encode, "qgZ: gradient, destinations, rows, chunk, padded_chunk -> uint8 blocks");
     m.def("qgz_reduce_encode", &qgz_reduce_encode, "qgZ: blocks, rows, padded_chunk -> summed, re-encoded blocks");
     m.def("qgz_encode_feedback",

@@ -11,7 +11,9 @@
 // Rows (launch_dequantize_rows): the grid's second dimension walks rows that lie apart in memory (the packets of an
 // all-gather, each rank's codes with its own scales); each row is an equal-groups layout of its own, read in place,
 // and its values are written back to back. Packets stay 16-byte wide when every row's codes and output start on a
-// 16-byte boundary.
+// 16-byte boundary. A run of columns of the rows (launch_dequantize_rows_into: one parameter's part of every rank's
+// packet) is read the same way from its first column on: `base`, the run's first column, enters only the group
+// index, and packets take one scale each only when it is a multiple of the packet size.
 //
 // Layouts (quantizer.h): equal groups, or blocks of block_numel elements each ending in a shorter group (a gather of
 // per-rank quantized buffers). Groups are numbered block after block, so stepping always moves to the next scale; only
@@ -45,6 +47,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const int8_t* __re
                                                               Index row_numel,
                                                               Index last_numel,
                                                               RowStrides strides,
+                                                              Index base,
                                                               Index group_size,
                                                               Index block_numel,
                                                               Index block_groups)
@@ -71,7 +74,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const int8_t* __re
         const Index first = (tile + k * kThreads + threadIdx.x) * VEC;
         if (first >= numel) break;
         if constexpr (kWhole) {
-            const float scale = __ldg(scales + first / group_size);
+            const float scale = __ldg(scales + (base + first) / group_size);
             if (first + VEC <= numel) {
                 OutPacket result;
 #pragma unroll
@@ -96,8 +99,8 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const int8_t* __re
             group = block * block_groups + in_block;
             length = smaller(group_size, block_numel - in_block * group_size);
         } else {
-            group = first / group_size;
-            offset = first - group * group_size;
+            group = (base + first) / group_size;
+            offset = base + first - group * group_size;
         }
         float scale = __ldg(scales + group);
         auto value = [&](int8_t code) {
@@ -126,10 +129,12 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const int8_t* __re
     }
 }
 
-// `rows` rows of `row_numel` values, the last one of `last_numel`, `strides` apart (one row: the flat layouts).
+// `rows` rows of `row_numel` values, the last one of `last_numel`, `strides` apart (one row: the flat layouts), read
+// from column `base` of each row's equal groups on (0 but for launch_dequantize_rows_into; never in blocked layouts).
 struct Rows {
     int64_t rows, row_numel, last_numel;
     RowStrides strides;
+    int64_t base;
 };
 
 template <typename Fmt, int VEC, typename Index>
@@ -148,15 +153,16 @@ void launch_with(const int8_t* codes,
     const auto n = static_cast<Index>(rows.row_numel);
     const auto last = static_cast<Index>(rows.last_numel);
     const auto size = static_cast<Index>(group_size);
-    if (block_numel % group_size == 0 && group_size % VEC == 0)
+    const auto base = static_cast<Index>(rows.base);
+    if (block_numel % group_size == 0 && group_size % VEC == 0 && rows.base % VEC == 0)
         dequantize_kernel<Fmt, VEC, Index, false, true>
-            <<<grid, kThreads, 0, stream>>>(codes, scales, out, n, last, rows.strides, size, 0, 0);
+            <<<grid, kThreads, 0, stream>>>(codes, scales, out, n, last, rows.strides, base, size, 0, 0);
     else if (block_numel % group_size == 0)
         dequantize_kernel<Fmt, VEC, Index, false, false>
-            <<<grid, kThreads, 0, stream>>>(codes, scales, out, n, last, rows.strides, size, 0, 0);
+            <<<grid, kThreads, 0, stream>>>(codes, scales, out, n, last, rows.strides, base, size, 0, 0);
     else
         dequantize_kernel<Fmt, VEC, Index, true, false><<<grid, kThreads, 0, stream>>>(
-            codes, scales, out, n, last, rows.strides, size, static_cast<Index>(block_numel),
+            codes, scales, out, n, last, rows.strides, 0, size, static_cast<Index>(block_numel),
             static_cast<Index>(block_groups));
 }
 
@@ -178,8 +184,8 @@ void launch(const int8_t* codes,
                          (rows.strides.out * static_cast<int64_t>(sizeof(Bits))) % 16 == 0;
     // 32-bit indices (cheaper division) while neither packet index arithmetic nor the layout's sizes overflow them.
     const int64_t limit = int64_t(1) << 32;
-    const bool narrow =
-        rows.row_numel + kThreads * kUnroll * kVec < limit && group_size < limit && block_numel < limit;
+    const bool narrow = rows.base + rows.row_numel + kThreads * kUnroll * kVec < limit && group_size < limit &&
+                        block_numel < limit;
     Bits* bits = static_cast<Bits*>(out);
     if (aligned && narrow)
         launch_with<Fmt, kVec, uint32_t>(codes, scales, bits, rows, group_size, block_numel, stream);
@@ -200,7 +206,7 @@ void launch_dequantize(Format format,
                        int64_t block_numel,
                        cudaStream_t stream)
 {
-    const Rows layout{1, numel, numel, {0, 0, 0}};
+    const Rows layout{1, numel, numel, {0, 0, 0}, 0};
     dispatch_format(format, [&](auto fmt) {
         launch<decltype(fmt)>(codes, scales, out, layout, group_size, block_numel, stream);
     });
@@ -219,7 +225,26 @@ void launch_dequantize_rows(Format format,
     if (count == 0) return;
     const int64_t used = (count + row_numel - 1) / row_numel;
     const RowStrides strides = used == 1 ? RowStrides{0, 0, 0} : RowStrides{row_stride, row_stride / 4, row_numel};
-    const Rows layout{used, row_numel, count - (used - 1) * row_numel, strides};
+    const Rows layout{used, row_numel, count - (used - 1) * row_numel, strides, 0};
+    dispatch_format(format, [&](auto fmt) {
+        launch<decltype(fmt)>(codes, scales, out, layout, group_size, group_size, stream);
+    });
+}
+
+void launch_dequantize_rows_into(Format format,
+                                 const int8_t* codes,
+                                 const float* scales,
+                                 int64_t row_stride,
+                                 int64_t first_column,
+                                 void* out,
+                                 int64_t rows,
+                                 int64_t row_numel,
+                                 int64_t group_size,
+                                 cudaStream_t stream)
+{
+    if (rows == 0 || row_numel == 0) return;
+    const RowStrides strides = rows == 1 ? RowStrides{0, 0, 0} : RowStrides{row_stride, row_stride / 4, row_numel};
+    const Rows layout{rows, row_numel, row_numel, strides, first_column};
     dispatch_format(format, [&](auto fmt) {
         launch<decltype(fmt)>(codes, scales, out, layout, group_size, group_size, stream);
     });

@@ -50,6 +50,20 @@ void launch_dequantize_rows(Format format,
                             int64_t group_size,
                             cudaStream_t stream);
 
+// Columns [first_column, first_column + row_numel) of `rows` such rows (one parameter's part of every rank's packet):
+// `codes` points at the first row's column first_column, `scales` at the first row's first scale, and the group of
+// column c is c / group_size. Writes each row's values back to back into out (rows of row_numel; at most 65535 rows).
+void launch_dequantize_rows_into(Format format,
+                                 const int8_t* codes,
+                                 const float* scales,
+                                 int64_t row_stride,
+                                 int64_t first_column,
+                                 void* out,
+                                 int64_t rows,
+                                 int64_t row_numel,
+                                 int64_t group_size,
+                                 cudaStream_t stream);
+
 // qgZ, groups of int4::kGroup values. A block of `rows` rows holds rows * padded_chunk / 2 bytes of codes, then one
 // fp32 scale per group. Encode writes one block per destination d: row m quantizes chunk (m * destinations + d) of
 // `input` (chunks of `chunk` values, zero-padded to padded_chunk, values past numel are 0).

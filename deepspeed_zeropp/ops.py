@@ -337,21 +337,26 @@ def packet_of(tensor):
     return getattr(tensor, _PACKET, None)
 
 
-def dequantize_packed(received, layout, shape, dtype=None, backend="auto"):
-    """Values of an all-gather of packets: ``received`` holds k packets of ``layout`` back to back (uint8, one per
-    rank, in rank order). Each rank's codes are dequantized with its own scales, read in place where the backend
-    can (``dequantize_ranks``); the result is the first prod(``shape``) values of the k blocks, as a tensor of
-    ``shape`` and ``dtype`` (fp16 when None)."""
+def _received_ranks(received, layout):
+    """How many packets of ``layout`` (an ``int8.Packet``) ``received`` holds, or the error naming what is wrong."""
     _check_tensor(received, "received packets")
     if received.dtype != torch.uint8 or received.dim() != 1 or not received.is_contiguous():
         raise ValueError(f"received packets must be a contiguous 1-D uint8 tensor, got {received.dtype} "
                          f"of shape {tuple(received.shape)}")
     if not isinstance(layout, int8.Packet):
         raise TypeError(f"layout must be a formats.int8.Packet, got {type(layout).__name__}")
+    return received.numel() // layout.nbytes
+
+
+def dequantize_packed(received, layout, shape, dtype=None, backend="auto"):
+    """Values of an all-gather of packets: ``received`` holds k packets of ``layout`` back to back (uint8, one per
+    rank, in rank order). Each rank's codes are dequantized with its own scales, read in place where the backend
+    can (``dequantize_ranks``); the result is the first prod(``shape``) values of the k blocks, as a tensor of
+    ``shape`` and ``dtype`` (fp16 when None)."""
+    ranks = _received_ranks(received, layout)
     if dtype is not None:
         check_float_dtype(dtype, "dequantize output")
     dtype = DEFAULT_DEQUANT_DTYPE if dtype is None else dtype
-    ranks = received.numel() // layout.nbytes
     count = 1
     for size in shape:
         count *= size
@@ -370,3 +375,46 @@ def dequantize_packed(received, layout, shape, dtype=None, backend="auto"):
                                layout.gathered,
                                dtype,
                                backend=backend).view(shape)
+
+
+def dequantize_packed_parts(received, layout, parts, dtypes, backend="auto"):
+    """Every rank's values of consecutive parts of the packets ``received`` (as :func:`dequantize_packed`): part i
+    is the next ``parts[i]`` values of each rank's block; returns, for each part, a new flat tensor of ``dtypes[i]``
+    holding that part of every rank in rank order (``ranks * parts[i]`` values), each its own allocation. A bucket's
+    wait hands each parameter one such tensor.
+
+    Where the backend writes parts in place (``WRITES_PARTS``, ``dequantize_rows_into``) each part costs one call
+    straight into its tensor; otherwise one dequantize of every rank's block (in the common dtype, fp32 when mixed)
+    and one copy per part. The values are the same: each is code times scale in fp32, rounded once to its dtype."""
+    ranks = _received_ranks(received, layout)
+    if len(parts) != len(dtypes):
+        raise ValueError(f"{len(parts)} parts but {len(dtypes)} dtypes; pass one dtype per part")
+    for dtype in set(dtypes):
+        check_float_dtype(dtype, "dequantize output")
+    if any(not _count(part) for part in parts) or sum(parts) > layout.numel:
+        raise ValueError(f"parts {list(parts)} are not counts that fit packets of {layout.numel} values")
+    if received.numel() != ranks * layout.nbytes:
+        raise ValueError(f"{received.numel()} received bytes are not packets of {layout.nbytes} bytes")
+    device = received.device
+    impl = resolve_backend(backend, device)
+    if getattr(impl, "WRITES_PARTS", False):
+        into = impl.dequantize_rows_into
+        codes, scales = _packet_views(received.view(ranks, layout.nbytes), layout)
+        outs, at = [], 0
+        for part, dtype in zip(parts, dtypes):
+            out = torch.empty(ranks * part, dtype=dtype, device=device)
+            into(codes.narrow(1, at, part), scales, layout.gathered, at, out.view(ranks, part))
+            outs.append(out)
+            at += part
+        return outs
+    values = dequantize_packed(received,
+                               layout, (ranks, layout.numel),
+                               dtypes[0] if len(set(dtypes)) == 1 else torch.float32,
+                               backend=backend)
+    outs, at = [], 0
+    for part, dtype in zip(parts, dtypes):
+        out = torch.empty(ranks * part, dtype=dtype, device=device)
+        out.view(ranks, part).copy_(values.narrow(1, at, part))
+        outs.append(out)
+        at += part
+    return outs

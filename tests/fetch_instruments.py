@@ -5,6 +5,9 @@ ZeRO-3 weight fetches cost in collectives and operations, and whether packets ca
   steps, in all (``all_gathers``) and by the dtype of what was sent (``uint8``: packets; ``int8``: codes sent on
   their own; ``float32`` also counts fp32 scales sent on their own), and ``packets``: packet all-gathers issued by
   the fetch seam (``PacketGather`` handles made). Name this module before others whose ``after_training`` gathers.
+- a run with ``parts_in_place`` has the torch backend write each parameter's part of a bucket's packets straight
+  into its buffer (``WRITES_PARTS``, ``dequantize_rows_into``; off in the others) and reports in ``packets`` how
+  many parts it wrote so (``parts_in_place``).
 - every run reports ``persistent``: how many persistent parameters the optimizer gathers after every step, and
   in how many dtypes.
 - a run with ``fetch_cost`` also reports ``fetch_cost`` after training: one fetch of the model's largest module
@@ -39,10 +42,16 @@ def _dtype_is(dtype):
     return lambda *a, **k: getattr(_input_of(a, k), "dtype", None) == dtype
 
 
+def before_engine(job):
+    from deepspeed_zeropp.backends import torch_ref
+    torch_ref.WRITES_PARTS = bool(job.run.get("parts_in_place"))
+
+
 def before_step(job, step):
     if step != 0:
         return
     from deepspeed.comm import comm
+    from deepspeed_zeropp.backends import torch_ref
     from deepspeed_zeropp.patching.seams import fetch
     backend = type(comm.cdb)
     counters = job.counters("collectives")
@@ -50,7 +59,10 @@ def before_step(job, step):
     counters.spy(backend, "all_gather", "all_gathers")
     for dtype in (torch.uint8, torch.int8, torch.float32):
         counters.spy(backend, "all_gather_into_tensor", str(dtype).split(".")[1], _dtype_is(dtype))
-    job.counters("packets").spy(fetch.PacketGather, "__init__", "packet_all_gathers")
+    packets = job.counters("packets")
+    packets.spy(fetch.PacketGather, "__init__", "packet_all_gathers")
+    if job.run.get("parts_in_place"):
+        packets.spy(torch_ref, "dequantize_rows_into", "parts_in_place")
 
 
 class _Ops(TorchDispatchMode):

@@ -180,6 +180,24 @@ def dequantize_ranks(codes, scales, layout, dtype):
     return (_module or _extension()).dequantize_rows(codes, scales, layout.group_size, _FORMAT_IDS[dtype])
 
 
+# Whether ops.dequantize_packed_parts calls dequantize_rows_into (one kernel per part, straight into its buffer,
+# instead of one dequantize of the whole bucket and a copy per part). Off until tests/gpu/test_packets.py's parts
+# tests have passed on a GPU with it on: the kernel's column offset is compiled, not yet run.
+WRITES_PARTS = False
+
+
+def dequantize_rows_into(codes, scales, layout, first_column, out):
+    """Columns ``first_column`` on of per-rank rows read in place (``codes`` [k, n] from that column, ``scales``
+    [k, G] whole rows: views of a gathered buffer of packets) dequantized into ``out`` (contiguous [k, n], its dtype
+    the output's), one kernel per ``ROWS_LIMIT`` rows; each row one block of ``layout`` (the packets'
+    ``gathered``)."""
+    extension = _module or _extension()
+    for at in range(0, codes.shape[0], ROWS_LIMIT):
+        rows = min(ROWS_LIMIT, codes.shape[0] - at)
+        extension.dequantize_rows_into(codes.narrow(0, at, rows), scales.narrow(0, at, rows), layout.group_size,
+                                       first_column, out.narrow(0, at, rows))
+
+
 def _check_qgz(condition, message):
     """Every qgZ argument is checked here first, so that a wrong one raises ValueError naming it; csrc/binding.cpp
     checks the same conditions again before it launches (TORCH_CHECK: RuntimeError) for callers of the extension

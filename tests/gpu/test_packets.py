@@ -70,3 +70,42 @@ def test_one_kernel_each_way():
         torch.cuda.synchronize()
     kernels = [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
     assert len(kernels) == 2, kernels
+
+
+# Parts of a bucket's packets (a bucket's wait, ops.dequantize_packed_parts): unaligned starts and sizes, a single
+# element, zero, parts that start on and off a group or a 16-byte packet, and the padded rest.
+PARTS = [(1, 7, 2047, 2049, 0, 3897), (8000, 16000, 16000), (8, 16, 24, 4096, 100)]
+
+
+@pytest.mark.parametrize("parts", PARTS)
+@pytest.mark.parametrize("out_dtype", DTYPES + ["mixed"])
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_parts_written_in_place_match_the_torch_reference(parts, out_dtype, ranks, monkeypatch):
+    """The kernel that writes one part of every rank straight into its buffer (``dequantize_rows_into``, its column
+    offset): bit for bit the torch reference, with the native backend's WRITES_PARTS on."""
+    from deepspeed_zeropp.backends import cuda
+    monkeypatch.setattr(cuda, "WRITES_PARTS", True)
+    dtypes = [DTYPES[i % 3] if out_dtype == "mixed" else out_dtype for i in range(len(parts))]
+    tensors = _parts(sum(parts) + 5, ranks, torch.bfloat16)
+    received, layout = _gathered(tensors, "cuda")
+    expected_received, _ = _gathered([t.cpu() for t in tensors], "torch")
+    outs = ops.dequantize_packed_parts(received, layout, list(parts), dtypes, backend="cuda")
+    expected = ops.dequantize_packed_parts(expected_received, layout, list(parts), dtypes, backend="torch")
+    for out, want, dtype in zip(outs, expected, dtypes):
+        assert out.is_cuda and out.dtype == dtype
+        assert_bitwise(out.cpu(), want)
+
+
+def test_parts_cost_one_kernel_each(monkeypatch):
+    """In place, a bucket of n parameters costs n kernels (no dequantize of the whole bucket, no copies)."""
+    from deepspeed_zeropp.backends import cuda
+    monkeypatch.setattr(cuda, "WRITES_PARTS", True)
+    received, layout = _gathered(_parts(24000, 4, torch.bfloat16), "cuda")
+    parts, dtypes = [8000, 8000, 8000], [torch.bfloat16] * 3
+    ops.dequantize_packed_parts(received, layout, parts, dtypes, backend="cuda")
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        ops.dequantize_packed_parts(received, layout, parts, dtypes, backend="cuda")
+        torch.cuda.synchronize()
+    kernels = [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(kernels) == 3, kernels

@@ -32,6 +32,20 @@ def pair(name, **run):
     return [dict(run, name=name, digest=True), dict(run, name=f"{name}_split", digest=True, exclude_sites=SPLIT)]
 
 
+def in_place(name, **run):
+    """A run that writes each parameter's part of its buckets' packets in place (``parts_in_place``)."""
+    return dict(run, name=f"{name}_in_place", digest=True, parts_in_place=True)
+
+
+def assert_in_place_like_packed(result, name):
+    """Parts written in place (the torch backend's dequantize_rows_into): bit for bit the same training."""
+    runs = result["runs"]
+    packed, written = runs[name], runs[f"{name}_in_place"]
+    assert "error" not in written, written.get("traceback")
+    assert written["packets"].get("parts_in_place", 0) > 0 and "parts_in_place" not in packed["packets"]
+    assert written["losses"] == packed["losses"] and written["digest"] == packed["digest"]
+
+
 def assert_packed_like_split(result, name, gather_kind):
     runs = result["runs"]
     packed, split = runs[name], runs[f"{name}_split"]
@@ -49,6 +63,7 @@ def assert_packed_like_split(result, name, gather_kind):
 @pytest.fixture(scope="module")
 def bert_bf16():
     runs = [{"name": "baseline", "fetch_cost": True}] + pair("coalesced", quantized=True, fetch_cost=True)
+    runs += [in_place("coalesced", quantized=True)]
     if has_sequential_flag():
         runs += [{"name": "baseline_sequential", "sequential": True}]
         runs += pair("sequential", quantized=True, sequential=True)
@@ -57,8 +72,10 @@ def bert_bf16():
 
 def test_bucket_fetches_send_one_packet(bert_bf16):
     """BERT bf16 (partitions of 257 elements: padded, in groups with a short last one): bit for bit the split
-    run, one all-gather per quantized fetch, as many all-gathers per step as unquantized."""
+    run, and the run whose waits write each parameter's parts in place; one all-gather per quantized fetch, as many
+    all-gathers per step as unquantized."""
     assert_packed_like_split(bert_bf16, "coalesced", "quantized_bucket_gathers")
+    assert_in_place_like_packed(bert_bf16, "coalesced")
     runs = bert_bf16["runs"]
     assert runs["coalesced"]["collectives"]["all_gathers"] == runs["baseline"]["collectives"]["all_gathers"]
 
@@ -87,8 +104,10 @@ def test_fetch_cost(bert_bf16):
 def test_mixed_dtype_bucket():
     """A bucket of an fp32 and a bf16 parameter: one packet, where unquantized ZeRO-3 sends one all-gather per
     dtype."""
-    result = job([{"name": "baseline"}] + pair("mixed", quantized=True), model="mixed", dtype="fp32")
+    runs = [{"name": "baseline"}] + pair("mixed", quantized=True) + [in_place("mixed", quantized=True)]
+    result = job(runs, model="mixed", dtype="fp32")
     assert_packed_like_split(result, "mixed", "quantized_bucket_gathers")
+    assert_in_place_like_packed(result, "mixed")
     runs = result["runs"]
     assert runs["mixed"]["collectives"]["all_gathers"] <= runs["baseline"]["collectives"]["all_gathers"]
 
@@ -109,7 +128,9 @@ def test_mixz_trainable_fetches_send_one_packet():
 def test_hpz_secondary_fetches_send_one_packet():
     """zero_hpz_partition_size 2 at 4 ranks: the secondary-partition fetches (inside each hpZ group) send packets,
     bit for bit the split run."""
-    result = job([{"name": "baseline", "hpz": 2}] + pair("hpz", quantized=True, hpz=2), world_size=4, steps=3)
+    runs = [{"name": "baseline", "hpz": 2}] + pair("hpz", quantized=True, hpz=2) + [in_place("hpz", quantized=True, hpz=2)]
+    result = job(runs, world_size=4, steps=3)
+    assert_in_place_like_packed(result, "hpz")
     runs = result["runs"]
     packed, split = runs["hpz"], runs["hpz_split"]
     assert "error" not in packed, packed.get("traceback")

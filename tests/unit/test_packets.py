@@ -79,6 +79,60 @@ def test_backends_without_in_place_entry_points(monkeypatch):
         ops.forget_signatures()
 
 
+# Parts of a bucket's packets: a single element, one under and one over a group, zero, the padded rest
+PARTS = [(1, 2047, 2049, 0, 3903), (8000, ), (3, 5, 7, 11, 13)]
+
+
+def _expected_parts(received, layout, parts, dtypes):
+    """Each part of every rank, cut out of the whole rows' dequantization in each part's dtype."""
+    ranks = received.numel() // layout.nbytes
+    outs, at = [], 0
+    for part, dtype in zip(parts, dtypes):
+        rows = ops.dequantize_packed(received, layout, (ranks, layout.numel), dtype, backend="torch")
+        outs.append(rows[:, at:at + part].reshape(-1))
+        at += part
+    return outs
+
+
+@pytest.mark.parametrize("parts", PARTS)
+@pytest.mark.parametrize("dtype", DTYPES + ["mixed"])
+@pytest.mark.parametrize("ranks", [1, 3, 8])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_dequantize_packed_parts(parts, dtype, ranks, in_place, monkeypatch):
+    """A bucket's wait: each part of every rank in its own new buffer of its own dtype, bit for bit the whole rows'
+    values, whether the backend writes the parts in place (``dequantize_rows_into``, its column offsets) or the
+    bucket is dequantized once and copied per part."""
+    monkeypatch.setattr(torch_ref, "WRITES_PARTS", in_place)
+    dtypes = [DTYPES[i % 3] if dtype == "mixed" else dtype for i in range(len(parts))]
+    numel = max(8001, sum(parts))
+    rows = [torch.randn(numel, generator=torch.Generator().manual_seed(r)) * 10.0**r for r in range(ranks)]
+    received, layout, _, _ = _gathered([row.to(torch.bfloat16) for row in rows])
+    outs = ops.dequantize_packed_parts(received, layout, list(parts), dtypes, backend="torch")
+    expected = _expected_parts(received, layout, parts, dtypes)
+    assert len(outs) == len(parts)
+    for out, want, part, out_dtype in zip(outs, expected, parts, dtypes):
+        assert out.dtype == out_dtype and out.numel() == ranks * part
+        assert_bitwise(out, want)
+    assert len({out.untyped_storage().data_ptr() for out in outs if out.numel()}) == sum(1 for p in parts if p)
+
+
+def test_bad_parts():
+    codes, _ = ops.quantize_packed(torch.randn(300), backend="torch")
+    buffer, layout = ops.packet_of(codes).buffer, ops.packet_of(codes).layout
+    with pytest.raises(ValueError, match="one dtype per part"):
+        ops.dequantize_packed_parts(buffer, layout, [100, 200], [torch.float32])
+    with pytest.raises(ValueError, match=r"parts \[200, 101\] are not counts that fit packets of 300"):
+        ops.dequantize_packed_parts(buffer, layout, [200, 101], [torch.float32] * 2)
+    with pytest.raises(ValueError, match="are not counts"):
+        ops.dequantize_packed_parts(buffer, layout, [-1], [torch.float32])
+    with pytest.raises(ValueError, match="not packets of"):
+        ops.dequantize_packed_parts(buffer[:-16], layout, [300], [torch.float32])
+    with pytest.raises(TypeError, match="torch.int32"):
+        ops.dequantize_packed_parts(buffer, layout, [300], [torch.int32])
+    with pytest.raises(TypeError, match="int8.Packet"):
+        ops.dequantize_packed_parts(buffer, (300, 1), [300], [torch.float32])
+
+
 def test_explicit_equal_groups():
     x = torch.randn(2, 4096)
     codes, scales = ops.quantize_packed(x, groups=4, backend="torch")

@@ -123,35 +123,24 @@ def complete_single(handle, work):
 def complete_bucket(handle, dtypes):
     """Finish ``AllGatherCoalescedHandle.wait`` for a bucket whose fetch sent packets, as upstream's wait would
     leave it: every parameter's ``data`` its gathered values in its own dtype (``dtypes``) and shape, its status
-    AVAILABLE, the handle complete. One dequantize of every rank's packet (in the bucket's common dtype, fp32 when
-    mixed), then one copy per parameter from the ranks' parts into a buffer of its own (so each parameter's memory
-    is freed when DeepSpeed releases it, as upstream's).
+    AVAILABLE, the handle complete. Each parameter gets a buffer of its own (so its memory is freed when DeepSpeed
+    releases it, as upstream's).
 
     Each rank's packet holds its partitions of the bucket's parameters back to back: ``ds_tensor.ds_numel`` each
     (times ``ds_secondary_tensor_num_of_groups`` for the hpZ secondary partitions), the last rank's padded; a
-    parameter's values are its part of every rank in rank order, cut to ``ds_numel``. Every tensor made here is
-    made and read on the stream current at the wait, so none needs ``record_stream``."""
+    parameter's values are its part of every rank in rank order, cut to ``ds_numel`` (``ops.dequantize_packed_parts``
+    writes each parameter's parts into a buffer of its own). Every tensor made here is made and read on the stream
+    current at the wait, so none needs ``record_stream``."""
     work = handle.allgather_handle
     work.wait()
     handle.quantization.quant_handle.wait()
-    received, layout = work.received, work.layout
-    ranks = received.numel() // layout.nbytes
-    values = ops.dequantize_packed(received,
-                                   layout, (ranks, layout.numel),
-                                   dtypes[0] if len(set(dtypes)) == 1 else torch.float32,
-                                   backend=backends.default())
     params = handle.params
+    parts = [param.ds_tensor.ds_numel for param in params]
+    if handle.use_secondary_tensor:
+        parts = [part * param.ds_secondary_tensor_num_of_groups for part, param in zip(parts, params)]
+    gathered = ops.dequantize_packed_parts(work.received, work.layout, parts, dtypes, backend=backends.default())
     available = type(params[0].ds_status).AVAILABLE
-    secondary = handle.use_secondary_tensor
-    device = received.device
-    at = 0
-    for param, dtype in zip(params, dtypes):
-        part = param.ds_tensor.ds_numel
-        if secondary:
-            part *= param.ds_secondary_tensor_num_of_groups
-        gathered = torch.empty(ranks * part, dtype=dtype, device=device)
-        gathered.view(ranks, part).copy_(values.narrow(1, at, part))
-        param.data = gathered.narrow(0, 0, param.ds_numel).view(param.ds_shape)
+    for param, values in zip(params, gathered):
+        param.data = values.narrow(0, 0, param.ds_numel).view(param.ds_shape)
         param.ds_status = available
-        at += part
     handle.complete = True
