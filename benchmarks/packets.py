@@ -31,7 +31,6 @@ SIZES = {"1-D tensor": 2048, "matrix share": 2048 * 2048 // RANKS, "bucket share
 ENTRY_POINTS = ("quantize_into", "dequantize_ranks")
 TRIALS, REPS = 9, 50
 
-
 STEPS = ("quantize", "dequantize", "bucket wait")
 
 

@@ -24,6 +24,7 @@ CALLS_LIMIT = 4096  # signatures per op; a model uses far fewer. A full table is
 _quantize_calls = {}  # key -> (entry point, its arguments after the tensor)
 _dequantize_calls = {}  # key -> (entry point, its arguments after codes and scales)
 _packed_calls = {}  # key -> (backend module, int8.Packet): quantize_packed's checked signatures
+_FLOAT_DTYPES = frozenset(SUPPORTED_DTYPES)
 
 
 def forget_signatures():
@@ -365,16 +366,21 @@ def dequantize_packed(received, layout, shape, dtype=None, backend="auto"):
                          f"{count} values")
     if count == 0:
         return torch.empty(shape, dtype=dtype, device=received.device)
+    return _dequantize_rows(received, layout, ranks, count, dtype, backend).view(shape)
+
+
+def _dequantize_rows(received, layout, ranks, count, dtype, backend):
+    """The first ``count`` values of the ``ranks`` packets' blocks, flat: :func:`dequantize_packed` once checked."""
     codes, scales = _packet_views(received.view(ranks, layout.nbytes), layout)
     in_place = getattr(resolve_backend(backend, received.device), "dequantize_ranks", None)
     if in_place is not None:
         values = in_place(codes, scales, layout.gathered, dtype).view(-1)
-        return (values if count == values.numel() else values[:count]).view(shape)
+        return values if count == values.numel() else values[:count]
     return dequantize_gathered(codes.contiguous().view(-1)[:count],
                                scales.contiguous().view(-1),
                                layout.gathered,
                                dtype,
-                               backend=backend).view(shape)
+                               backend=backend)
 
 
 def dequantize_packed_parts(received, layout, parts, dtypes, backend="auto"):
@@ -389,9 +395,10 @@ def dequantize_packed_parts(received, layout, parts, dtypes, backend="auto"):
     ranks = _received_ranks(received, layout)
     if len(parts) != len(dtypes):
         raise ValueError(f"{len(parts)} parts but {len(dtypes)} dtypes; pass one dtype per part")
-    for dtype in set(dtypes):
-        check_float_dtype(dtype, "dequantize output")
-    if any(not _count(part) for part in parts) or sum(parts) > layout.numel:
+    if not _FLOAT_DTYPES.issuperset(dtypes):
+        for dtype in dtypes:
+            check_float_dtype(dtype, "dequantize output")
+    if min(parts, default=0) < 0 or sum(parts) > layout.numel:
         raise ValueError(f"parts {list(parts)} are not counts that fit packets of {layout.numel} values")
     if received.numel() != ranks * layout.nbytes:
         raise ValueError(f"{received.numel()} received bytes are not packets of {layout.nbytes} bytes")
@@ -407,10 +414,10 @@ def dequantize_packed_parts(received, layout, parts, dtypes, backend="auto"):
             outs.append(out)
             at += part
         return outs
-    values = dequantize_packed(received,
-                               layout, (ranks, layout.numel),
-                               dtypes[0] if len(set(dtypes)) == 1 else torch.float32,
-                               backend=backend)
+    if ranks == 0:
+        return [torch.empty(0, dtype=dtype, device=device) for dtype in dtypes]
+    common = dtypes[0] if len(set(dtypes)) == 1 else torch.float32
+    values = _dequantize_rows(received, layout, ranks, ranks * layout.numel, common, backend).view(ranks, -1)
     outs, at = [], 0
     for part, dtype in zip(parts, dtypes):
         out = torch.empty(ranks * part, dtype=dtype, device=device)

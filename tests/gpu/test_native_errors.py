@@ -134,7 +134,8 @@ CASES = [
     case("dequantize_rows_into-out-cpu", "out must be a CUDA tensor, got one on cpu",
          lambda m: m.dequantize_rows_into(i8(1, 8), zeros(1, 2), 4, 0, cpu(1, 8))),
     case("dequantize_rows_into-out-strided", "out must be contiguous",
-         lambda m: m.dequantize_rows_into(i8(1, 8), zeros(1, 2), 4, 0, zeros(1, 16)[:, ::2])),
+         lambda m: m.dequantize_rows_into(i8(1, 8), zeros(1, 2), 4, 0,
+                                          zeros(1, 16)[:, ::2])),
     case("dequantize_rows_into-out-float64", "out must be torch.float16, torch.bfloat16 or torch.float32, got "
          "torch.float64", lambda m: m.dequantize_rows_into(i8(1, 8), zeros(1, 2), 4, 0, f64(1, 8))),
     case("dequantize_rows_into-codes-uint8", "codes must be torch.int8, got torch.uint8",

@@ -127,8 +127,9 @@ def test_mixz_trainable_fetches_send_one_packet():
 
 def test_hpz_secondary_fetches_send_one_packet():
     """zero_hpz_partition_size 2 at 4 ranks: the secondary-partition fetches (inside each hpZ group) send packets,
-    bit for bit the split run."""
-    runs = [{"name": "baseline", "hpz": 2}] + pair("hpz", quantized=True, hpz=2) + [in_place("hpz", quantized=True, hpz=2)]
+    bit for bit the split run and the run that writes the parts in place."""
+    runs = [{"name": "baseline", "hpz": 2}] + pair("hpz", quantized=True, hpz=2)
+    runs += [in_place("hpz", quantized=True, hpz=2)]
     result = job(runs, world_size=4, steps=3)
     assert_in_place_like_packed(result, "hpz")
     runs = result["runs"]
