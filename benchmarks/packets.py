@@ -3,8 +3,9 @@ the packet (``quantize_into``) and the gathered packets dequantized in place (``
 backend's plain quantize / dequantize with copies into and out of the packets (what ``ops`` does for a backend
 without them); and a bucket's wait (``ops.dequantize_packed_parts``: every parameter's part of the 8 packets in a
 buffer of its own) written in place, one kernel per parameter (``dequantize_rows_into``, the backend's
-``WRITES_PARTS`` on), against one dequantize of the bucket and a copy per parameter. Timed interleaved in one process (the order rotated every trial), wall time per call between CUDA
-events, so host work counts wherever it outlasts the kernels; kernel launches counted with the profiler.
+``WRITES_PARTS`` on), against one dequantize of the bucket and a copy per parameter. Timed interleaved in one
+process (the order rotated every trial), wall time per call between CUDA events, so host work counts wherever it
+outlasts the kernels; kernel launches counted with the profiler.
 
 Per-rank sizes: a 1-D tensor, a 2048 x 2048 matrix's share of 8 ranks, and the share of 7 such matrices (a fetch of
 several of the 1.4B GPT's linear layers at once, its wait 7 parameters); 8 packets gathered, bf16.

@@ -181,8 +181,9 @@ def dequantize_ranks(codes, scales, layout, dtype):
 
 
 # Whether ops.dequantize_packed_parts calls dequantize_rows_into (one kernel per part, straight into its buffer,
-# instead of one dequantize of the whole bucket and a copy per part). Off until tests/gpu/test_packets.py's parts
-# tests have passed on a GPU with it on: the kernel's column offset is compiled, not yet run.
+# instead of one dequantize of the whole bucket and a copy per part). The kernel passes tests/gpu/test_packets.py
+# (bit for bit the torch reference), but it is off: benchmarks/results/packets_h100.md measures a 7-parameter
+# bucket's wait slower in place (a kernel call per part costs the host more than a copy), one part's faster.
 WRITES_PARTS = False
 
 
