@@ -134,10 +134,33 @@ def waited_by_phase(activities, comm_streams, windows):
     found = dict.fromkeys((phase for _, _, phase in windows), 0)
     for comm, compute in _per_device(activities, comm_streams):
         for launched, waited in _waits(compute, [interval for intervals in comm.values() for interval in intervals]):
-            i = bisect.bisect_right(starts, launched) - 1
-            phase = windows[i][2] if i >= 0 and launched < windows[i][1] else None
+            phase = _phase_of(windows, starts, launched)
             found[phase] = found.get(phase, 0) + waited
     return found
+
+
+def _phase_of(windows, starts, time):
+    """The phase of the window (sorted, disjoint ``(start, end, phase)``; ``starts`` their starts) holding ``time``,
+    None where none does."""
+    i = bisect.bisect_right(starts, time) - 1
+    return windows[i][2] if i >= 0 and time < windows[i][1] else None
+
+
+def busy_by_phase(activities, comm_streams, windows):
+    """{phase: (communication, compute)}: per phase of ``windows`` (as :func:`waited_by_phase`'s), how long the GPU
+    ran collectives, and compute, that the host launched in that phase (the union of their intervals per device,
+    summed over devices); activities of unknown launch count under None. Every phase of ``windows`` appears. What a
+    phase's link time is set against: forward's all-gathers can only hide behind forward's compute."""
+    windows = sorted(windows)
+    starts = [start for start, _, _ in windows]
+    intervals = collections.defaultdict(list)  # (phase, device, is a collective) -> intervals
+    for a in activities:
+        phase = None if a.launched is None else _phase_of(windows, starts, a.launched)
+        intervals[phase, a.device, (a.device, a.stream) in comm_streams].append((a.start, a.end))
+    found = {phase: [0, 0] for _, _, phase in windows}
+    for (phase, _, is_comm), spans in intervals.items():
+        found.setdefault(phase, [0, 0])[0 if is_comm else 1] += length(spans)
+    return {phase: tuple(totals) for phase, totals in found.items()}
 
 
 def communication_streams(activities, marker=SLEEP_KERNEL):
@@ -218,7 +241,9 @@ def figures(events, steps):
     """Exposed, waited, total and concurrent communication ms per step of a profile of ``steps`` steps; each None
     where the profile ran no communication stream (no link model: collectives then cost only their copies), waited
     also where launch times are unknown. Where the host marked its phases, also the waited ms per step by phase
-    (``comm_waited_<phase>_ms_per_step``; ``..._other_...``: compute launched outside them)."""
+    (``comm_waited_<phase>_ms_per_step``; ``..._other_...``: compute launched outside them), the GPU's busy time
+    by the phase that launched it (``comm_<phase>_...``, ``compute_<phase>_...``: :func:`busy_by_phase`), and each
+    phase's host time (``host_<phase>_ms_per_step``)."""
     activities = from_profile(events)
     streams = communication_streams(activities)
     found = exposure(activities, streams) if streams else None
@@ -231,4 +256,10 @@ def figures(events, steps):
     if windows and values["waited"] is not None:
         for phase, waited in waited_by_phase(activities, streams, windows).items():
             result[f"comm_waited_{phase or 'other'}_ms_per_step"] = waited / 1e6 / steps
+        for phase, busy in busy_by_phase(activities, streams, windows).items():
+            for name, value in zip(("comm", "compute"), busy):
+                result[f"{name}_{phase or 'other'}_ms_per_step"] = value / 1e6 / steps
+    for start, end, phase in windows:
+        key = f"host_{phase}_ms_per_step"
+        result[key] = result.get(key, 0) + (end - start) / 1e6 / steps
     return result

@@ -17,8 +17,8 @@ def kernel(stream, start, end, name="gemm", device=0, launched=None):
     return Activity(device, stream, start, end - start, name, launched)
 
 
-def collective(stream, start, end, device=0):
-    return kernel(stream, start, end, SLEEP, device)
+def collective(stream, start, end, device=0, launched=None):
+    return kernel(stream, start, end, SLEEP, device, launched)
 
 
 def test_union_and_difference_of_intervals():
@@ -193,6 +193,25 @@ def test_waited_by_the_phase_that_launched_the_compute():
     assert timeline.waited_by_phase(late, streams, [(0, 11, "forward")]) == {"forward": 0, None: 38}
 
 
+def test_busy_time_by_the_phase_that_launched_it():
+    """Collectives and compute count in the phase whose host window holds their launch, each as the union of its
+    intervals per device; an unknown launch, or one outside every window, counts under None."""
+    activities = [
+        kernel(COMPUTE, 0, 10, launched=0),
+        collective(COMM, 10, 30, launched=2),
+        collective(COMM, 20, 40, launched=3),  # overlaps the one before: their union is 30
+        kernel(COMPUTE, 30, 40, launched=25),
+        collective(COMM, 40, 70, launched=30),
+        kernel(COMPUTE, 70, 80, launched=45),
+        kernel(COMPUTE, 0, 10, device=1, launched=5),  # another device: summed
+        kernel(COMPUTE, 90, 95),  # launch unknown
+    ]
+    streams = timeline.communication_streams(activities)
+    windows = [(28, 60, "backward"), (0, 28, "forward"), (60, 90, "step")]
+    found = timeline.busy_by_phase(activities, streams, windows)
+    assert found == {"forward": (30, 30), "backward": (30, 10), "step": (0, 0), None: (0, 5)}
+
+
 def test_figures_split_the_waited_time_by_phase():
     cpu = DeviceType.CPU
     mark = timeline.PHASE_MARK
@@ -208,6 +227,9 @@ def test_figures_split_the_waited_time_by_phase():
     found = timeline.figures(events, steps=2)
     assert found["comm_waited_ms_per_step"] == 0.75  # [1500, 3000) us over 2 steps, launched in forward
     assert (found["comm_waited_forward_ms_per_step"], found["comm_waited_backward_ms_per_step"]) == (0.75, 0.0)
+    assert (found["host_forward_ms_per_step"], found["host_backward_ms_per_step"]) == (0.8, 1.7)
+    assert (found["compute_forward_ms_per_step"], found["compute_backward_ms_per_step"]) == (0.99, 0.0)
+    assert found["comm_other_ms_per_step"] == 1.0  # launched before the profile
 
 
 def test_report_shows_exposed_beside_modelled():
