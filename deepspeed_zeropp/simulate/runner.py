@@ -172,14 +172,18 @@ def profiled(engine, shape, micro_batch, first, steps=2):
 
 def profiled_links(engine, plan, first, steps=2):
     """{link: figures} of ``steps`` profiled steps under each of the plan's modelled links: exposed, waited, total
-    and concurrent communication ms per step (timeline.py), beside the link model's time of the same steps."""
+    and concurrent communication ms per step, and per phase where marked (timeline.py), beside the link model's
+    time of the same steps."""
     found = {}
     try:
         for i, (name, link) in enumerate((n, link) for n, link in plan.links.items() if link is not None):
             world.set_link(link)
             world.reset_counts()
             figures = profiled(engine, plan.shape, plan.micro_batch, first + i * steps, steps)
-            found[name] = {k: v for k, v in figures.items() if k.startswith(("exposed_comm", "comm"))}
+            found[name] = {
+                k: v
+                for k, v in figures.items() if k.startswith(("exposed_comm", "comm", "compute_", "host_"))
+            }
             found[name]["modelled_link_ms_per_step"] = sum(counted(steps)["modelled_link_ms"].values())
     finally:
         world.set_link(None)

@@ -256,6 +256,7 @@ def figures(events, steps):
     if windows and values["waited"] is not None:
         for phase, waited in waited_by_phase(activities, streams, windows).items():
             result[f"comm_waited_{phase or 'other'}_ms_per_step"] = waited / 1e6 / steps
+    if windows:
         for phase, busy in busy_by_phase(activities, streams, windows).items():
             for name, value in zip(("comm", "compute"), busy):
                 result[f"{name}_{phase or 'other'}_ms_per_step"] = value / 1e6 / steps
