@@ -55,6 +55,26 @@ def summary(results):
     return table, ratios
 
 
+def phase_bound(free, linked, phases=("forward", "backward", "step")):
+    """An estimate of the step's bound with ZeRO-3's order kept: each phase takes at least the longest of its
+    collectives-free host time and GPU compute (``host_<phase>_ms_per_step``, ``compute_<phase>_...`` of the profile
+    with no link) and the link time of the collectives launched in it (``comm_<phase>_ms_per_step`` under the
+    link). A phase's collectives cannot start before it does (forward's all-gathers need the weights the previous
+    step's optimizer wrote) and the next phase needs their results, so the phases' times add up, where
+    max(collectives-free step, link time) lets all of the link hide behind any of the compute.
+    ``{"phases": {phase: (free, link)}, "bound": ms}``, or None where a figure is missing (not profiled, or
+    profiled before the phases were marked)."""
+    try:
+        found = {
+            phase: (max(free[f"host_{phase}_ms_per_step"],
+                        free[f"compute_{phase}_ms_per_step"]), linked[f"comm_{phase}_ms_per_step"])
+            for phase in phases
+        }
+    except (KeyError, TypeError):
+        return None
+    return {"phases": found, "bound": sum(max(pair) for pair in found.values())}
+
+
 def problems(results):
     """Every reason a run may not be reported: a skipped step, a non-finite loss, a quantized path that never ran."""
     found = []

@@ -274,3 +274,21 @@ def test_report_shows_exposed_beside_modelled():
     lines = report.markdown_table(table, ratios, link).splitlines()
     column = lines[0].split(" | ").index("comm waited / exposed / modelled ms")
     assert [line.split(" | ")[column] for line in lines[2:]] == ["- / - / 30.0", "1.5 / 2.2 / 12.5"]
+
+
+def test_phase_bound_adds_each_phase_longer_of_its_work_and_its_link():
+    from deepspeed_zeropp.simulate import report
+    free = {
+        "host_forward_ms_per_step": 100.0,
+        "compute_forward_ms_per_step": 90.0,
+        "host_backward_ms_per_step": 150.0,
+        "compute_backward_ms_per_step": 200.0,
+        "host_step_ms_per_step": 30.0,
+        "compute_step_ms_per_step": 5.0
+    }
+    linked = {"comm_forward_ms_per_step": 600.0, "comm_backward_ms_per_step": 50.0, "comm_step_ms_per_step": 1.0}
+    found = report.phase_bound(free, linked)
+    assert found["bound"] == 600 + 200 + 30  # where max(free step 330, link 651) would say 651
+    assert found["phases"]["backward"] == (200.0, 50.0)
+    assert report.phase_bound(free, {"comm_ms_per_step": 651.0}) is None  # profiled before phases were marked
+    assert report.phase_bound({}, linked) is None
