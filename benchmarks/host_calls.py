@@ -7,8 +7,9 @@ buckets; every configuration trains one untimed step, then ``--steps`` steps und
 Python function call and every C function called from Python.
 
     python benchmarks/host_calls.py [--world-sizes 8 64] [--configs unquantized ours-qwz ours-qwz-qgz] [--steps 2]
-writes results/host_calls.md and results/host_calls.json. (Upstream's quantizer op has no CPU build: upstream
-configurations need the GPU.)
+writes results/host_calls.md and results/host_calls.json. Upstream's quantizer op has no CPU build: with
+``--device cuda`` the same count runs on a GPU (our CUDA backend, DeepSpeed's op for upstream; the collectives
+still free), where ``upstream-qwz`` can be counted too, into results/host_calls_cuda.md and .json.
 """
 import argparse
 import cProfile
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import commit  # noqa: E402
 
 SHAPE = dict(layers=4, width=256, heads=4, vocab=1024, seq=64)  # small: the counts, not the arithmetic, matter
+WHERE = {"cpu": "the CPU (pure-torch backend)", "cuda": "one GPU (our CUDA backend; upstream: DeepSpeed's op)"}
 TOP = 12  # files of the package (and tensor methods) listed by their difference to the first configuration
 
 
@@ -36,7 +38,7 @@ def _area(filename, name, folders):
     return "other", filename
 
 
-def count(keys, world_size, steps):
+def count(keys, world_size, steps, device="cpu"):
     """{key: {"total": calls per step, "areas": {...}, "detail": {file or built-in: calls per step}}}: rank 0 of
     ``world_size`` ranks on 2 nodes (DeepSpeed's CPU communication op waits for the peers of a one-node job on the
     host, which a simulated world does not have; qwZ gathers over all ranks either way)."""
@@ -54,11 +56,11 @@ def count(keys, world_size, steps):
                        tuple(keys),
                        steps=steps,
                        warmup=1,
-                       device="cpu",
+                       device=device,
                        dtype=torch.bfloat16,
                        micro_batch=2,
                        profile=False)
-    world.install(world_size, topology.gpus_per_node, "cpu")
+    world.install(world_size, topology.gpus_per_node, device)
     world.set_link(None)
     results, engines = {}, {}
     try:
@@ -96,14 +98,14 @@ def count(keys, world_size, steps):
     return results
 
 
-def _markdown(results, keys, steps, commit_id):
+def _markdown(results, keys, steps, commit_id, device):
     from deepspeed_zeropp.simulate import runner
     areas = ("deepspeed_zeropp", "deepspeed", "torch (Python)", "simulated world", "built-in / C", "other")
     lines = [
-        "# Python and C calls per ZeRO-3 step", "", f"Commit {commit_id}. Rank 0 of a simulated world on the CPU "
-        f"(2 nodes, collectives free, pure-torch backend), GPT {SHAPE}, micro-batch 2, the HF Trainer's "
+        "# Python and C calls per ZeRO-3 step", "", f"Commit {commit_id}. Rank 0 of a simulated world on "
+        f"{WHERE[device]} (2 nodes, collectives free), GPT {SHAPE}, micro-batch 2, the HF Trainer's "
         f"\"auto\" buckets, bf16; cProfile's call counts over {steps} steps after one untimed step "
-        "(`python benchmarks/host_calls.py`). Counts are exact: the same tree and the same --configs give the same "
+        f"(`python benchmarks/host_calls.py --device {device}`). Counts are exact: the same tree and the same --configs give the same "
         "figures (each engine built in the process moves DeepSpeed's own counts a little).", "",
         "| ranks | configuration | calls per step | vs " + runner.CONFIGS[keys[0]].label + " | " + " | ".join(areas) +
         " |", "|---|---|---|---|" + "---|" * len(areas)
@@ -138,30 +140,34 @@ def main():
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--configs", nargs="+", default=["unquantized", "ours-qwz", "ours-qwz-qgz"])
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child process: one world size, JSON out
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(count(args.configs, args.one, args.steps)))
+        print(json.dumps(count(args.configs, args.one, args.steps, args.device)))
         return
     results = {}
     for world_size in args.world_sizes:
         child = subprocess.run([
             sys.executable, __file__, "--one",
             str(world_size), "--steps",
-            str(args.steps), "--configs", *args.configs
+            str(args.steps), "--device", args.device, "--configs", *args.configs
         ],
                                capture_output=True,
                                text=True,
-                               env=dict(os.environ, DS_ACCELERATOR="cpu"))
+                               env=dict(os.environ, **({
+                                   "DS_ACCELERATOR": "cpu"
+                               } if args.device == "cpu" else {})))
         if child.returncode != 0:
             sys.exit(f"host_calls: {world_size} ranks failed:\n{child.stderr[-4000:]}")
         results[world_size] = json.loads(child.stdout.strip().splitlines()[-1])
     commit_id = commit()
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "host_calls.json").write_text(json.dumps({"commit": commit_id, "results": results}, indent=1))
-    text = _markdown(results, args.configs, args.steps, commit_id)
-    (args.out / "host_calls.md").write_text(text)
+    name = "host_calls" if args.device == "cpu" else "host_calls_cuda"
+    (args.out / f"{name}.json").write_text(json.dumps({"commit": commit_id, "results": results}, indent=1))
+    text = _markdown(results, args.configs, args.steps, commit_id, args.device)
+    (args.out / f"{name}.md").write_text(text)
     print(text)
 
 
