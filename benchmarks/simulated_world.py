@@ -134,6 +134,7 @@ def render(out):
         for link, description in results["links"].items():
             lines += [f"**{link}** ({description})", "", report.markdown_table(table, ratios, link), ""]
     lines += levers(loaded, out)
+    lines += bounds(loaded)
     lines += targets(loaded)
     lines += validation(loaded.get("n2_validation"), out)
     (out / "simulated_world.md").write_text("\n".join(lines) + "\n")
@@ -209,6 +210,43 @@ def levers(loaded, out):
     ]
     rows.append("")
     return rows
+
+
+def bounds(loaded):
+    """Each profiled step against its two bounds: max(collectives-free step, modelled link time), where all of the
+    link may hide behind any compute, and the phase-wise bound (report.phase_bound), where forward's link can only
+    hide behind forward's work."""
+    rows = []
+    for name, results in loaded.items():
+        table = report.summary(results)[0]
+        for key, run in results.get("runs", {}).items():
+            free = {k: v for k, v in run.items() if k.startswith(("host_", "compute_"))}
+            for link, linked in run.get("profiled_links", {}).items():
+                found = report.phase_bound(free, linked)
+                if found is None or key not in table.get(link, {}):
+                    continue
+                step = table[link][key]["step_ms"]["median"]
+                free_step = sum(run[f"host_{phase}_ms_per_step"] for phase in ("forward", "backward", "step"))
+                modelled = linked["modelled_link_ms_per_step"]
+                phases = " + ".join(f"{max(pair):.0f}" for pair in found["phases"].values())
+                pairs = ", ".join(f"{phase} {a:.0f} / {b:.0f}" for phase, (a, b) in found["phases"].items())
+                rows.append(f"| {name} | {link} | {CONFIGS[key].label} | {step:.0f} | {free_step:.0f} | "
+                            f"{modelled:.0f} | {step / max(free_step, modelled):.2f} | {pairs} | "
+                            f"{phases} = {found['bound']:.0f} | {step / found['bound']:.2f} |")
+    if not rows:
+        return []
+    return [
+        "## The step against its bounds", "",
+        "Profiled steps (one repetition each): the step (median of the timed steps), the collectives-free step (the "
+        "profile without a link: the host windows of forward, backward and the optimizer step, the loss's wait "
+        "included) and the link model's time; the phase-wise bound adds, per phase, the longer of its "
+        "collectives-free time (host window or GPU compute, whichever is longer) and the link time of the "
+        "collectives launched in it (`report.phase_bound`): forward's all-gathers need the weights the last "
+        "optimizer step wrote, so they cannot hide behind the last backward.", "",
+        "| setting | link | configuration | step ms | free step ms | link ms | step / max(free, link) | per phase, "
+        "free / link ms | phase-wise bound ms | step / phase-wise bound |",
+        "|---|---|---|---|---|---|---|---|---|---|", *rows, ""
+    ]
 
 
 def targets(loaded):
