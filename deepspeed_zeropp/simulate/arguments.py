@@ -28,7 +28,8 @@ def add_arguments(parser):
                         type=float,
                         nargs="*",
                         default=[100.0],
-                        help="inter-node bandwidth per GPU (its own NIC), Gbit/s; several values: one run each")
+                        help="inter-node bandwidth per GPU (its own NIC; a ring across nodes sends through all of a "
+                        "node's NICs), Gbit/s; several values: one run each")
     parser.add_argument("--inter-alpha-us", type=float, default=8.0, help="inter-node latency per ring hop, us")
     parser.add_argument("--intra-gbps", type=float, help="intra-node (NVLink) bandwidth per GPU, Gbit/s")
     parser.add_argument("--free", action="store_true", help="also measure with collectives free (host work only)")

@@ -1,22 +1,35 @@
 """The link model: what one collective costs, and how that cost is put on the GPU's timeline.
 
-A collective over a group of ``n`` ranks costs ``hops * alpha + wire_bytes / beta`` with NCCL's ring algorithm:
+A collective over a group of ``n`` ranks moves, per rank, the bytes of NCCL's ring algorithm (``S``: the gathered or
+reduced buffer, all ranks' data):
 
-| collective | hops | bytes each rank sends (``S``: the gathered or reduced buffer, all ranks' data) |
+| collective | hops | bytes each rank sends |
 |---|---|---|
 | all-gather, reduce-scatter | n - 1 | (n - 1) / n * S |
 | all-reduce (reduce-scatter, then all-gather) | 2 (n - 1) | 2 (n - 1) / n * S |
 | all-to-all | n - 1 | (n - 1) / n * S |
 | broadcast (pipelined ring) | n - 1 | S |
 
-A group inside one node runs at the intra-node link's ``alpha``, ``beta`` (NVLink); a group spanning nodes at the
-inter-node link's, which bounds the ring. ``beta`` is a GPU's share of its link: a node's network bandwidth over
-its GPUs, since all of a node's GPUs cross it at once in ZeRO-3's world-wide collectives.
+A group inside one node runs at the intra-node link's ``alpha`` (per hop) and ``beta`` (a GPU's NVLink bandwidth):
+``hops * alpha + bytes / beta``. A group spanning ``k`` nodes with ``m`` of its ranks on each (``n = k * m``), every
+GPU with a NIC of its own (``inter.beta``):
+
+- ring collectives (all-gather, reduce-scatter, all-reduce, broadcast, barrier): the ring crosses a node boundary on
+  ``k`` of its ``n`` edges, its other edges are NVLink. NCCL runs one ring per channel and spreads the channels
+  over the node's NICs, so the bytes that cross out of a node (a rank's ring share, once per ring) leave through
+  all ``m`` NICs of the group's ranks there: the ring's bandwidth is ``min(m * inter.beta, intra.beta)`` (what
+  nccl-tests report as bus bandwidth across nodes: the node's NICs together, not one GPU's), and the latency of a
+  pass around it is ``k`` inter-node hops and ``n - 1 - k`` NVLink hops (pipelined chunks pay each edge once).
+  ZeRO-3's world-wide all-gathers and reduce-scatters have ``m`` = GPUs per node; qgZ's inter-node groups, one rank
+  per node, ``m`` = 1.
+- all-to-all: each rank sends ``(n - m) / n * S`` through its own NIC and ``(m - 1) / n * S`` over NVLink, at once;
+  ``n - 1`` inter-node hops.
 
 Left out: NCCL's own use of SMs and memory bandwidth (only the simulated copies run), several communicators
-sharing one link at the same time (each group's collectives queue on its own stream and get the full bandwidth;
-timeline.py's concurrent time bounds what that leaves out), protocol and chunking effects (LL vs Simple), and the
-host's launch cost of NCCL (the simulated group's host cost stands in for it).
+sharing one NIC at the same time (each group's collectives queue on its own stream and get the full bandwidth:
+in backward, qgZ's inter-node all-to-alls share the NIC with the world group's all-gathers; timeline.py's
+concurrent time bounds what that leaves out), protocol and chunking effects (LL vs Simple), and the host's launch
+cost of NCCL (the simulated group's host cost stands in for it).
 """
 from typing import NamedTuple
 
@@ -54,11 +67,21 @@ class Link(NamedTuple):
     name: str = "custom"
     device_bytes_per_s: float = 3.0e12  # the simulated copy's own speed, taken off the modelled delay
 
-    def seconds(self, kind, nbytes, n, link_class):
-        """The modelled time of one collective over ``n`` ranks moving ``nbytes`` in all."""
-        link = self.intra if link_class == "intra" else self.inter
-        hops = HOPS_AND_TRAFFIC.get(kind, (1, 1))[0] * (n - 1)
-        return hops * link.alpha_us * 1e-6 + wire_bytes(kind, nbytes, n) / link.bytes_per_s
+    def seconds(self, kind, nbytes, n, link_class, nodes=None):
+        """The modelled time of one collective over ``n`` ranks moving ``nbytes`` in all; ``nodes``: how many nodes
+        an inter-node group spans (default ``n``: one rank per node), its ranks spread evenly over them."""
+        factor, traffic = HOPS_AND_TRAFFIC.get(kind, (1, 1))
+        if link_class == "intra":
+            return factor * (n - 1) * self.intra.alpha_us * 1e-6 + wire_bytes(kind, nbytes, n) / self.intra.bytes_per_s
+        nodes = n if nodes is None else nodes
+        per_node = n // nodes
+        if kind == "all_to_all":
+            out = traffic * nbytes / n
+            return ((n - 1) * self.inter.alpha_us * 1e-6 + max((n - per_node) * out / self.inter.bytes_per_s,
+                                                               (per_node - 1) * out / self.intra.bytes_per_s))
+        inter_hops = min(nodes, n - 1)
+        latency = factor * (inter_hops * self.inter.alpha_us + (n - 1 - inter_hops) * self.intra.alpha_us) * 1e-6
+        return latency + wire_bytes(kind, nbytes, n) / min(per_node * self.inter.bytes_per_s, self.intra.bytes_per_s)
 
     def describe(self):
         return (
@@ -67,12 +90,6 @@ class Link(NamedTuple):
 
 
 NVLINK = LinkClass(alpha_us=2.0, gbit_per_s=8 * 360)  # H100/H200 NVLink: ~360 GB/s of ring bandwidth per GPU
-
-
-def cluster(inter_gbit_per_node, gpus_per_node, inter_alpha_us=8.0, intra=NVLINK, name=None):
-    """A cluster whose nodes each have ``inter_gbit_per_node`` of network, shared by their GPUs."""
-    share = inter_gbit_per_node / gpus_per_node
-    return Link(intra, LinkClass(inter_alpha_us, share), name or f"{inter_gbit_per_node:g} Gbit/s per node")
 
 
 class Delay:

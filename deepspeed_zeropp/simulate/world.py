@@ -37,8 +37,12 @@ class Topology(NamedTuple):
     def nodes(self):
         return self.world_size // self.gpus_per_node
 
+    def nodes_of(self, global_ranks):
+        """How many nodes ``global_ranks`` span."""
+        return len({r // self.gpus_per_node for r in global_ranks})
+
     def link_class(self, global_ranks):
-        return INTRA if len({r // self.gpus_per_node for r in global_ranks}) == 1 else INTER
+        return INTRA if self.nodes_of(global_ranks) == 1 else INTER
 
     def check(self):
         if self.world_size < 2 or self.gpus_per_node < 1 or self.world_size % self.gpus_per_node:
@@ -84,6 +88,7 @@ class SimulatedGroup(dist.ProcessGroup):
         self._rank, self._size = rank, size
         self.global_ranks = list(global_ranks) or list(range(size))
         self.link_class = STATE.topology.link_class(self.global_ranks)
+        self.nodes = STATE.topology.nodes_of(self.global_ranks)
         self._stream = None
 
     def getBackendName(self):
@@ -212,7 +217,7 @@ class SimulatedGroup(dist.ProcessGroup):
         STATE.wire_bytes[self.link_class] += wire_bytes(kind, nbytes, self._size)
         link = STATE.link
         if link is not None:
-            seconds = link.seconds(kind, nbytes, self._size, self.link_class)
+            seconds = link.seconds(kind, nbytes, self._size, self.link_class, self.nodes)
             STATE.modelled_us[self.link_class] += seconds * 1e6
         device = next((t.device for t in outputs if t.is_cuda), None)
         if device is None:  # CPU: the copies now, no modelled time (nothing to overlap with)

@@ -26,6 +26,37 @@ def test_ring_costs():
     assert model.seconds("all_gather", size, n, "intra") == pytest.approx(3 * 2e-6 + size * 3 / 4 / 100e9)
     assert model.seconds("all_reduce", size, n, "inter") == pytest.approx(6 * 10e-6 + size * 3 / 2 / 1e9)
     assert model.seconds("barrier", 0, n, "inter") == pytest.approx(6 * 10e-6)
+    assert model.seconds("all_to_all", size, n, "inter") == pytest.approx(3 * 10e-6 + size * 3 / 4 / 1e9)
+
+
+def test_a_ring_across_nodes_uses_every_nic_of_its_ranks_there():
+    """A world-wide ring of 16 ranks on 2 nodes crosses the network on 2 of its edges and sends through the 8 NICs
+    of each node: 8 times one GPU's NIC, never more than NVLink; an all-to-all sends its peers on other nodes'
+    shares through its own NIC, the rest over NVLink."""
+    fast, slow = link.LinkClass(2.0, 8 * 100.0), link.LinkClass(10.0, 8.0)
+    model = link.Link(fast, slow)
+    size = 1 << 24
+    ring = size * 15 / 16
+    assert model.seconds("all_gather", size, 16, "inter",
+                         nodes=2) == pytest.approx((2 * 10 + 13 * 2) * 1e-6 + ring / 8e9)
+    assert model.seconds("reduce_scatter", size, 16, "inter", nodes=2) == model.seconds("all_gather",
+                                                                                        size,
+                                                                                        16,
+                                                                                        "inter",
+                                                                                        nodes=2)
+    assert model.seconds("all_reduce", size, 16, "inter",
+                         nodes=2) == pytest.approx(2 * (2 * 10 + 13 * 2) * 1e-6 + 2 * ring / 8e9)
+    assert model.seconds("all_gather", size, 16, "inter", nodes=16) == model.seconds("all_gather", size, 16, "inter")
+    wide = link.Link(fast, link.LinkClass(10.0, 8 * 400.0))  # NICs so fast that NVLink bounds the ring
+    assert model.seconds("all_gather", size, 16, "inter", nodes=2) > wide.seconds(
+        "all_gather", size, 16, "inter", nodes=2) == pytest.approx((2 * 10 + 13 * 2) * 1e-6 + ring / 100e9)
+    assert model.seconds("all_to_all", size, 16, "inter", nodes=2) == pytest.approx(15 * 10e-6 + size * 8 / 16 / 1e9)
+
+
+def test_groups_know_the_nodes_they_span(topology):
+    assert world.SimulatedGroup(0, 8, range(8)).nodes == 2
+    assert world.SimulatedGroup(0, 4, [0, 1, 2, 3]).nodes == 1
+    assert world.SimulatedGroup(0, 2, [1, 5]).nodes == 2
 
 
 def test_topology_link_classes():
