@@ -59,6 +59,7 @@ class _State:
     counts = collections.Counter()  # (kind, dtype, link class) -> calls
     wire_bytes = collections.Counter()  # link class -> bytes this rank sends
     modelled_us = collections.Counter()  # link class -> modelled time
+    log = None  # a list to append every collective's (kind, bytes, ranks, link class, nodes) to, or None
 
 
 STATE = _State()
@@ -215,6 +216,8 @@ class SimulatedGroup(dist.ProcessGroup):
         STATE.counts[(kind, dtype, self.link_class)] += 1
         nbytes = numel * (sample.element_size() if sample is not None else 0)
         STATE.wire_bytes[self.link_class] += wire_bytes(kind, nbytes, self._size)
+        if STATE.log is not None:
+            STATE.log.append((kind, nbytes, self._size, self.link_class, self.nodes))
         link = STATE.link
         if link is not None:
             seconds = link.seconds(kind, nbytes, self._size, self.link_class, self.nodes)
