@@ -1,11 +1,12 @@
 """The link model's time per ZeRO-3 step, from the collectives one step really makes: exact, on a CPU.
 
 Rank 0 of a simulated world on the CPU (``deepspeed_zeropp.simulate``) trains one untimed step and then one logged
-step of each configuration; every collective's kind, size, group and the nodes it spans is kept, and the step's
-link time is summed under each link (``deepspeed_zeropp/simulate/link.py``), beside the same collectives under the
-model before "a ring across nodes sends through every NIC of a node" (one GPU's NIC for the whole ring, every hop
-inter-node). The collectives depend on the model's weights and the bucket sizes, not on the batch, so the model
-runs 16 tokens a sequence on the CPU (its positional table is then 16 rows, not 1024: a few MB less gathered).
+step of each configuration; every collective's kind, size, group and the nodes it spans is kept with the phase that
+issued it (forward, backward, the optimizer step), and the step's link time is summed under each link
+(``deepspeed_zeropp/simulate/link.py``), beside the same collectives under the model before "a ring across nodes
+sends through every NIC of a node" (one GPU's NIC for the whole ring, every hop inter-node). The collectives depend
+on the model's weights and the bucket sizes, not on the batch, so the model runs 16 tokens a sequence on the CPU
+(its positional table is then 16 rows, not 1024: a few MB less gathered).
 
     python benchmarks/link_budget.py [--model gpt-7b] [--gpus-per-node 8] [--nodes 8] [--inter-gbps 12.5 50 100]
         [--deepspeed-config benchmarks/configs/gpt7b_tuned.json] [--configs unquantized ours-qwz-qgz ...]
@@ -24,8 +25,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def log_steps(keys, shape, topology, buckets):
-    """{key: [(kind, bytes, ranks, link class, nodes), ...]}: the collectives of one step of each configuration."""
+    """{key: {phase: [(kind, bytes, ranks, link class, nodes), ...]}}: the collectives of one step of each
+    configuration, by the phase of the step that issued them (forward, backward, the optimizer step)."""
+    import contextlib
     import torch
+    from deepspeed_zeropp.simulate import timeline
     from deepspeed_zeropp.simulate import runner, world
     plan = runner.Plan(shape,
                        topology, {"free": None},
@@ -45,8 +49,16 @@ def log_steps(keys, shape, topology, buckets):
             engines[key], _ = runner._build_and_warm(key, plan)
             runner.set_patch(runner.CONFIGS[key])
             world.STATE.log = []
-            runner.step(engines[key], shape, 1, 100)
-            logged[key] = world.STATE.log
+            phases = {}
+
+            @contextlib.contextmanager
+            def mark(name):
+                start = len(world.STATE.log)
+                yield
+                phases[name[len(timeline.PHASE_MARK):]] = world.STATE.log[start:]
+
+            runner.step(engines[key], shape, 1, 100, mark=mark)
+            logged[key] = phases
             world.STATE.log = None
             runner.set_patch(None)
             runner.release(engines.pop(key))
@@ -87,13 +99,18 @@ def main():
     buckets = config.read(args.deepspeed_config, shape.width).buckets if args.deepspeed_config else None
     logged = log_steps(args.configs, shape, topology, buckets)
     rows = {}
-    for key, collectives in logged.items():
-        rows[key] = {"collectives": len(collectives), "links": {}}
+    for key, phases in logged.items():
+        rows[key] = {"collectives": sum(len(c) for c in phases.values()), "links": {}}
         for gbps in args.inter_gbps:
             chosen = link.Link(link.NVLINK, link.LinkClass(8.0, gbps))
+            every = [c for collectives in phases.values() for c in collectives]
             rows[key]["links"][f"{gbps:g}"] = {
-                "now": budget(collectives, chosen),
-                "before": budget(collectives, chosen, old=True)
+                "now": budget(every, chosen),
+                "before": budget(every, chosen, old=True),
+                "now_by_phase": {
+                    phase: budget(c, chosen)
+                    for phase, c in phases.items()
+                },
             }
     name = f"link_budget_{args.model}_{args.nodes}x{args.gpus_per_node}"
     found = {
@@ -122,6 +139,19 @@ def main():
                 " / ".join(f"{pair[when].get(c, 0):.0f}" for c in ("inter", "intra")) for when in ("now", "before")
             ]
         lines.append(f"| {key} | {row['collectives']} | " + " | ".join(cells) + " |")
+    lines += [
+        "", "Now, by the phase that issued the collectives (ms per step, inter-node and NVLink together): forward's "
+        "all-gathers need the weights the last optimizer step wrote, so they can only hide behind forward's own "
+        "work.", "", "| configuration | " + " | ".join(f"{g:g} Gbit/s per GPU: forward / backward / step"
+                                                       for g in args.inter_gbps) + " |",
+        "|---|" + "---|" * len(args.inter_gbps)
+    ]
+    for key, row in rows.items():
+        cells = [
+            " / ".join(f"{sum(row['links'][f'{g:g}']['now_by_phase'].get(p, {}).values()):.0f}"
+                       for p in ("forward", "backward", "step")) for g in args.inter_gbps
+        ]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
     (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
