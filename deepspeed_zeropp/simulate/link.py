@@ -35,6 +35,10 @@ from typing import NamedTuple
 
 import torch
 
+# The link model's version, written into every result: 2 since rings across nodes send through every NIC of their
+# ranks on a node; results of version 1 (none written) charged every ring at one GPU's NIC.
+MODEL_VERSION = 2
+
 
 class LinkClass(NamedTuple):
     alpha_us: float  # latency per ring hop

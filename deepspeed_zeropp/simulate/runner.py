@@ -18,7 +18,7 @@ import torch
 from ..patching.sites import FETCH_SITE as PACKET_SITE  # one all-gather per quantized fetch
 from ..patching.sites import INIT_COALESCED_SITE  # the persistent parameters' one all-gather after a step
 from ..teardown import release
-from . import config as configs, model as models, timeline, world
+from . import config as configs, link as links, model as models, timeline, world
 
 QWZ = {"zero_quantized_weights": True}
 QGZ = {"zero_quantized_weights": True, "zero_quantized_gradients": True}
@@ -278,6 +278,7 @@ def run(plan, progress=print, on_rep=None):
             "gpus_per_node": topology.gpus_per_node,
             "nodes": topology.nodes
         },
+        "link_model": links.MODEL_VERSION,
         "links": {
             name: (link.describe() if link else "free: collectives cost only their copies")
             for name, link in plan.links.items()
