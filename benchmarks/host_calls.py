@@ -105,10 +105,10 @@ def _markdown(results, keys, steps, commit_id, device):
         "# Python and C calls per ZeRO-3 step", "", f"Commit {commit_id}. Rank 0 of a simulated world on "
         f"{WHERE[device]} (2 nodes, collectives free), GPT {SHAPE}, micro-batch 2, the HF Trainer's "
         f"\"auto\" buckets, bf16; cProfile's call counts over {steps} steps after one untimed step "
-        f"(`python benchmarks/host_calls.py --device {device}`). Counts are exact: the same tree and the same --configs give the same "
-        "figures (each engine built in the process moves DeepSpeed's own counts a little).", "",
-        "| ranks | configuration | calls per step | vs " + runner.CONFIGS[keys[0]].label + " | " + " | ".join(areas) +
-        " |", "|---|---|---|---|" + "---|" * len(areas)
+        f"(`python benchmarks/host_calls.py --device {device}`). Counts are exact: the same tree and the same "
+        "--configs give the same figures (each engine built in the process moves DeepSpeed's own counts a "
+        "little).", "", "| ranks | configuration | calls per step | vs " + runner.CONFIGS[keys[0]].label + " | " +
+        " | ".join(areas) + " |", "|---|---|---|---|" + "---|" * len(areas)
     ]
     for world_size, by_key in results.items():
         base = by_key[keys[0]]["total"]

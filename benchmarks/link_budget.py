@@ -29,8 +29,7 @@ def log_steps(keys, shape, topology, buckets):
     configuration, by the phase of the step that issued them (forward, backward, the optimizer step)."""
     import contextlib
     import torch
-    from deepspeed_zeropp.simulate import timeline
-    from deepspeed_zeropp.simulate import runner, world
+    from deepspeed_zeropp.simulate import runner, timeline, world
     plan = runner.Plan(shape,
                        topology, {"free": None},
                        tuple(keys),
@@ -100,10 +99,10 @@ def main():
     logged = log_steps(args.configs, shape, topology, buckets)
     rows = {}
     for key, phases in logged.items():
-        rows[key] = {"collectives": sum(len(c) for c in phases.values()), "links": {}}
+        every = [c for collectives in phases.values() for c in collectives]
+        rows[key] = {"collectives": len(every), "links": {}}
         for gbps in args.inter_gbps:
             chosen = link.Link(link.NVLINK, link.LinkClass(8.0, gbps))
-            every = [c for collectives in phases.values() for c in collectives]
             rows[key]["links"][f"{gbps:g}"] = {
                 "now": budget(every, chosen),
                 "before": budget(every, chosen, old=True),

@@ -320,8 +320,8 @@ def targets(loaded):
                    for key in ("ours-qwz-qgz", "ours-qwz-qgz-hpz")]
         key, spread = max(spreads, key=lambda pair: pair[1]["median"] if pair[1] else 0)
         row(
-            f"7B, N = 64, {link} per GPU, searched sizes: best of ours ({CONFIGS[key].label}) >= {bound}x unquantized at "
-            "the same sizes (median)", spread, median_at_least(spread, bound))
+            f"7B, N = 64, {link} per GPU, searched sizes: best of ours ({CONFIGS[key].label}) >= {bound}x "
+            "unquantized at the same sizes (median)", spread, median_at_least(spread, bound))
         spread = _ratio(loaded, "n64_7b_tuned", link, "ours-qwz-qgz vs upstream-qwz-qgz")
         row(f"7B, N = 64, {link} per GPU, searched sizes: ours qwZ+qgZ faster than upstream, beyond the spread",
             spread, faster(spread, 1.0))
