@@ -204,8 +204,7 @@ def _ns(us):
 def from_profile(events):
     """The device activities of torch.profiler's events (``profile.events()``), times in integer nanoseconds: every
     kernel, copy and fill (a simulated collective's copies are part of it), never a marker the profiler puts on the
-    device's timeline (a stream's wait, a ``record_function`` range); a profiler that names no activity types gives
-    every device event. An activity's launch: the start of the CUDA runtime call with its correlation id (the
+    device's timeline (a stream's wait, a ``record_function`` range: :func:`is_work`). An activity's launch: the start of the CUDA runtime call with its correlation id (the
     event's ``id``; a runtime call is a host event named ``cuda...`` or ``cu...``)."""
     from torch.autograd import DeviceType
     launches = {
@@ -214,15 +213,24 @@ def from_profile(events):
     }
     found = []
     for e in events:
-        kind = getattr(e, "activity_type", None)
-        if e.device_type != DeviceType.CUDA or (kind is not None and kind.lower() not in WORK):
-            continue
-        stream = getattr(e, "device_resource_id", None)
-        start, end = _ns(e.time_range.start), _ns(e.time_range.end)
-        found.append(
-            Activity(e.device_index, e.thread if stream is None else stream, start, end - start, e.name,
-                     launches.get(getattr(e, "id", None))))
+        if e.device_type == DeviceType.CUDA and is_work(e):
+            stream = getattr(e, "device_resource_id", None)
+            start, end = _ns(e.time_range.start), _ns(e.time_range.end)
+            found.append(
+                Activity(e.device_index, e.thread if stream is None else stream, start, end - start, e.name,
+                         launches.get(getattr(e, "id", None))))
     return found
+
+
+def is_work(event):
+    """Whether a device event is GPU work, not a marker. The profiler mirrors every ``record_function`` range
+    onto the streams it launched work on, spanning that work; torch 2.11's events carry no activity type for these
+    mirrors, so a marker is also known by its flag or, for the phases' ranges, its name. Counted as compute, the
+    forward's range alone would cover the whole forward and hide every collective in it."""
+    kind = getattr(event, "activity_type", None)
+    if kind is not None:
+        return kind.lower() in WORK
+    return not getattr(event, "is_user_annotation", False) and not event.name.startswith(PHASE_MARK)
 
 
 FIGURES = (("exposed_comm", "exposed"), ("comm_waited", "waited"), ("comm", "communication"),

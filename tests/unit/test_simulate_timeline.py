@@ -152,6 +152,21 @@ def test_figures_from_profiler_events():
     assert set(timeline.figures(no_link, steps=2).values()) == {None}
 
 
+def test_phase_ranges_mirrored_on_the_device_are_no_work():
+    """torch 2.11 mirrors the host's phase ranges onto the streams they launched work on, with no activity type:
+    counted as compute, forward's range would hide every collective of forward."""
+    events = [
+        _event(timeline.PHASE_MARK + "forward", COMPUTE, 0.0, 4000.0, kind=None),
+        _event(timeline.PHASE_MARK + "forward", COMM, 0.0, 4000.0, kind=None),
+        _event("ProfilerStep#1", COMPUTE, 0.0, 4000.0, kind=None),
+        _event("gemm", COMPUTE, 0.0, 1000.0, kind=None),
+        _event(SLEEP, COMM, 1000.0, 3000.0, kind=None),
+    ]
+    events[2].is_user_annotation = True
+    assert [a.name for a in timeline.from_profile(events)] == ["gemm", SLEEP]
+    assert timeline.figures(events, steps=1)["exposed_comm_ms_per_step"] == 2.0
+
+
 def test_launch_times_from_runtime_calls():
     cpu = DeviceType.CPU
     events = [
