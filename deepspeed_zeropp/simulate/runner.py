@@ -182,7 +182,7 @@ def profiled_links(engine, plan, first, steps=2):
             figures = profiled(engine, plan.shape, plan.micro_batch, first + i * steps, steps)
             found[name] = {
                 k: v
-                for k, v in figures.items() if k.startswith(("exposed_comm", "comm", "compute_", "host_"))
+                for k, v in figures.items() if k.startswith(("exposed_comm", "comm", "compute_", "host_", "idle_in_"))
             }
             found[name]["modelled_link_ms_per_step"] = sum(counted(steps)["modelled_link_ms"].values())
     finally:

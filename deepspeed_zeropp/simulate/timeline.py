@@ -163,6 +163,31 @@ def busy_by_phase(activities, comm_streams, windows):
     return {phase: tuple(totals) for phase, totals in found.items()}
 
 
+def within_windows(activities, comm_streams, windows):
+    """{phase: (communication, compute, idle, exposed)}: per host window (``(start, end, phase)``), what the GPU did
+    during it, whoever launched it: the union of the collectives' intervals, of the compute's, the time neither ran,
+    and the collectives' time with no compute beside it (per device, summed). Unlike :func:`busy_by_phase`, which
+    gives work to the phase that launched it, this is the wall-clock picture of each phase: a phase whose idle time
+    is large waited on the host, one whose exposed time is large on the link."""
+    found = {}
+    for start, end, phase in windows:
+
+        def clip(intervals):
+            return [(max(s, start), min(e, end)) for s, e in intervals if e > start and s < end]
+
+        totals = [0, 0, 0, 0]
+        for comm, compute in _per_device(activities, comm_streams):
+            collectives = clip(interval for intervals in comm.values() for interval in intervals)
+            work = clip((a.start, a.end) for a in compute)
+            totals[0] += length(collectives)
+            totals[1] += length(work)
+            totals[2] += (end - start) - length(collectives + work)
+            totals[3] += uncovered(collectives, work)
+        previous = found.get(phase, (0, 0, 0, 0))
+        found[phase] = tuple(p + t for p, t in zip(previous, totals))
+    return found
+
+
 def communication_streams(activities, marker=SLEEP_KERNEL):
     """The ``(device, stream)`` pairs that ran a kernel whose name contains ``marker``."""
     return {(a.device, a.stream) for a in activities if marker in a.name}
@@ -250,8 +275,9 @@ def figures(events, steps):
     where the profile ran no communication stream (no link model: collectives then cost only their copies), waited
     also where launch times are unknown. Where the host marked its phases, also the waited ms per step by phase
     (``comm_waited_<phase>_ms_per_step``; ``..._other_...``: compute launched outside them), the GPU's busy time
-    by the phase that launched it (``comm_<phase>_...``, ``compute_<phase>_...``: :func:`busy_by_phase`), and each
-    phase's host time (``host_<phase>_ms_per_step``)."""
+    by the phase that launched it (``comm_<phase>_...``, ``compute_<phase>_...``: :func:`busy_by_phase`), what the
+    GPU did during each phase's host window (``exposed_comm_in_<phase>_...``, ``idle_in_<phase>_...``:
+    :func:`within_windows`), and each phase's host time (``host_<phase>_ms_per_step``)."""
     activities = from_profile(events)
     streams = communication_streams(activities)
     found = exposure(activities, streams) if streams else None
@@ -268,6 +294,10 @@ def figures(events, steps):
         for phase, busy in busy_by_phase(activities, streams, windows).items():
             for name, value in zip(("comm", "compute"), busy):
                 result[f"{name}_{phase or 'other'}_ms_per_step"] = value / 1e6 / steps
+    if windows and streams:
+        for phase, (_, _, idle, exposed) in within_windows(activities, streams, windows).items():
+            result[f"exposed_comm_in_{phase}_ms_per_step"] = exposed / 1e6 / steps
+            result[f"idle_in_{phase}_ms_per_step"] = idle / 1e6 / steps
     for start, end, phase in windows:
         key = f"host_{phase}_ms_per_step"
         result[key] = result.get(key, 0) + (end - start) / 1e6 / steps

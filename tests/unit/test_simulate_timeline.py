@@ -307,3 +307,19 @@ def test_phase_bound_adds_each_phase_longer_of_its_work_and_its_link():
     assert found["phases"]["backward"] == (200.0, 50.0)
     assert report.phase_bound(free, {"comm_ms_per_step": 651.0}) is None  # profiled before phases were marked
     assert report.phase_bound({}, linked) is None
+
+
+def test_what_the_gpu_did_within_each_phase():
+    """Clipped to each window, whoever launched the work: collectives, compute, idle, collectives alone."""
+    activities = [
+        kernel(COMPUTE, 0, 10),
+        collective(COMM, 5, 40),  # crosses from forward into backward
+        kernel(COMPUTE, 45, 50),
+        collective(COMM, 60, 70),
+    ]
+    streams = timeline.communication_streams(activities)
+    windows = [(0, 30, "forward"), (30, 80, "backward")]
+    assert timeline.within_windows(activities, streams, windows) == {
+        "forward": (25, 10, 0, 20),
+        "backward": (20, 5, 25, 20),
+    }
