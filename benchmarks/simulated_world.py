@@ -47,12 +47,13 @@ SETTINGS = {  # name -> (what it shows, the simulate command's arguments)
                     "--no-profile"),
     # ~3.5 minutes of timed repetitions; its profiled steps are the next setting's (both in one 10-minute GPU call
     # do not fit)
-    "n64_7b_tuned": ("7B GPT, 8 nodes of 8, 100, 400 and 800 Gbit/s per node between nodes (12.5, 50 and 100 per "
+    "n64_7b_tuned": ("7B GPT, 8 nodes of 8, 100 and 400 Gbit/s per node between nodes (12.5 and 50 per "
                      "GPU), every configuration at the sizes `simulate --search` found best for ours qwZ+qgZ "
                      "(`benchmarks/configs/gpt7b_tuned.json`)",
-                     "--model gpt-7b --gpus-per-node 8 --nodes 8 --inter-gbps 12.5 50 100 --deepspeed-config "
+                     "--model gpt-7b --gpus-per-node 8 --nodes 8 --inter-gbps 12.5 50 --deepspeed-config "
                      "benchmarks/configs/gpt7b_tuned.json --configs unquantized ours-qwz-qgz upstream-qwz-qgz "
-                     "ours-qwz-qgz-hpz --reps 3 --steps 3 --warmup 1 --no-profile"),
+                     "ours-qwz-qgz-hpz upstream-qwz-qgz-hpz ours-qwz-qgz-hpz-step-writes --reps 3 --steps 3 "
+                     "--warmup 1 --no-profile"),
     # the profiled steps of the row above (exposed and waited communication per configuration), in one GPU call
     "n64_7b_tuned_profile": ("7B GPT, 8 nodes of 8, as `n64_7b_tuned`, one repetition: its profiled steps",
                              "--model gpt-7b --gpus-per-node 8 --nodes 8 --inter-gbps 12.5 50 --deepspeed-config "

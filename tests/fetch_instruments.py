@@ -9,7 +9,10 @@ ZeRO-3 weight fetches cost in collectives and operations, and whether packets ca
   into its buffer (``WRITES_PARTS``, ``dequantize_rows_into``; off in the others) and reports in ``packets`` how
   many parts it wrote so (``parts_in_place``).
 - every run reports ``persistent``: how many persistent parameters the optimizer gathers after every step, and
-  in how many dtypes.
+  in how many dtypes; ``secondary_writes_skipped``: hpZ secondary partitions left unwritten inside optimizer steps
+  (``patching/seams/secondary.py``); with ``hpz``, ``secondary_writes_due``: those DeepSpeed would write there (the
+  gathered parameters without one when a step partitions them); ``skipped_steps``: the engine's count of steps that skipped their update.
+- a run with ``skip_update_at`` (a step index) has that step skip its update, as on an overflow.
 - a run with ``fetch_cost`` also reports ``fetch_cost`` after training: one fetch of the model's largest module
   with several parameters (a bucket) and of its largest parameter alone (a single-parameter fetch), each counted
   from the fetch call to the end of its wait: ``all_gathers``, ``ops`` (aten operations that ran) and ``kernels``
@@ -44,10 +47,48 @@ def _dtype_is(dtype):
 
 def before_engine(job):
     from deepspeed_zeropp.backends import torch_ref
+    from deepspeed_zeropp.patching.seams import secondary
     torch_ref.WRITES_PARTS = bool(job.run.get("parts_in_place"))
+    job.skipped_before = secondary.STEP.skipped
+
+
+def _skip_update(optimizer):
+    """The optimizer's next step skips its update, as on an overflow: its loss-scale update (the one call every
+    release makes on that path, with the overflow flag) sees an overflow, once."""
+    original = optimizer._update_scale
+
+    def overflowed(*args, **kwargs):
+        del optimizer._update_scale
+        optimizer.overflow = True
+        return original(True)
+
+    optimizer._update_scale = overflowed
+
+
+def _count_writes_due(job):
+    """Counts, as each optimizer step partitions the parameters still gathered, those DeepSpeed would write a
+    secondary partition for (hpZ: gathered, with none yet) into the result's ``secondary_writes_due``."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    optimizer = job.engine.optimizer
+    original = optimizer._partition_all_parameters
+    job.result["secondary_writes_due"] = 0
+
+    def counting():
+        job.result["secondary_writes_due"] += sum(
+            1 for p in job.engine.module.parameters()
+            if p.ds_status == ZeroParamStatus.AVAILABLE and getattr(p, "ds_secondary_tensor", False) is None)
+        return original()
+
+    optimizer._partition_all_parameters = counting
 
 
 def before_step(job, step):
+    if step == 0 and job.run.get("hpz"):
+        _count_writes_due(job)
+    if job.run.get("skip_update_at") == step:
+        _skip_update(job.engine.optimizer)
+    elif job.run.get("skip_update_at") == step - 1:  # releases before 0.19.6 reset the flag for fp16 only
+        job.engine.optimizer.overflow = False
     if step != 0:
         return
     from deepspeed.comm import comm
@@ -116,6 +157,9 @@ def after_training(job):
         job.result[field] = dict(job.result.get(field, {}))
     persistent = getattr(job.engine.optimizer, "persistent_parameters", [])
     job.result["persistent"] = {"params": len(persistent), "dtypes": len({p.ds_tensor.dtype for p in persistent})}
+    from deepspeed_zeropp.patching.seams import secondary
+    job.result["secondary_writes_skipped"] = secondary.STEP.skipped - job.skipped_before
+    job.result["skipped_steps"] = job.engine.skipped_steps
     if not job.run.get("fetch_cost"):
         return
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus

@@ -66,6 +66,7 @@ SITES = (
          secondary.coordinator_fetch,
          module=COORDINATOR),
     Site("DeepSpeedZeroOptimizer_Stage3", "quantize_nontrainable_params", partitions.nontrainable_seam, module=STAGE3),
+    Site("DeepSpeedZeroOptimizer_Stage3", "step", secondary.optimizer_step, module=STAGE3),
     Site("DeepSpeedZeRoOffload", "_convert_to_zero_parameters", partitions.engine_padding, module=PARAMETER_OFFLOAD),
     Site("DeepSpeedEngine", "_get_param_fragment_func", checkpoints.frozen_fragment, module=ENGINE),
     Site("DeepSpeedEngine", "load_module_state_dict", checkpoints.load_frozen_fragments, module=ENGINE),
@@ -90,3 +91,5 @@ SITES = (
 FETCH_SITE = fetch.FETCH_SITE  # the fetch's one all-gather of codes and scales (packets)
 # Init's coalesced gather: also the persistent parameters' one all-gather a step
 INIT_COALESCED_SITE = next(site.name for site in SITES if site.factory is gathers.init_gather_coalesced)
+# The optimizer step: hpZ's secondary partitions left unwritten inside it
+STEP_SITE = next(site.name for site in SITES if site.factory is secondary.optimizer_step)

@@ -17,6 +17,7 @@ import torch
 
 from ..patching.sites import FETCH_SITE as PACKET_SITE  # one all-gather per quantized fetch
 from ..patching.sites import INIT_COALESCED_SITE  # the persistent parameters' one all-gather after a step
+from ..patching.sites import STEP_SITE  # hpZ: no secondary partition written inside an optimizer step
 from ..teardown import release
 from . import config as configs, link as links, model as models, timeline, world
 
@@ -49,6 +50,12 @@ CONFIGS = {  # the order within a repetition
                                              HPZ,
                                              True,
                                              exclude=(INIT_COALESCED_SITE, )),
+    # ours with each optimizer step writing the secondary partitions it drops unread (DeepSpeed's)
+    "ours-qwz-qgz-hpz-step-writes": Config("ours qwZ+qgZ+hpZ, secondary partitions written in the step",
+                                           True,
+                                           HPZ,
+                                           True,
+                                           exclude=(STEP_SITE, )),
 }
 UPSTREAM_OF = {  # ours -> upstream's same configuration
     key: key.replace("ours", "upstream")

@@ -6,8 +6,10 @@ torch backend's arithmetic is deterministic), every quantized fetch sends one pa
 all-gathers than the unquantized run's."""
 import pytest
 
+from deepspeed_zeropp.patching.sites import STEP_SITE
 from harness.launch import run_job
-from tests.helpers import STEPS, assert_persistent_gathered_once, assert_trained_like_baseline, has_sequential_flag
+from tests.helpers import (STEPS, assert_persistent_gathered_once, assert_trained_like_baseline, has_sequential_flag,
+                           loss_tolerance)
 
 SPLIT = ["partition_parameters._dist_allgather_fn"]
 INSTRUMENTS = ["tests.fetch_instruments", "tests.harness_instruments"]  # see fetch_instruments
@@ -125,12 +127,25 @@ def test_mixz_trainable_fetches_send_one_packet():
     assert packed["collectives"]["all_gathers"] < split["collectives"]["all_gathers"]
 
 
+STEP_SEAM = [STEP_SITE]
+
+
 def test_hpz_secondary_fetches_send_one_packet():
     """zero_hpz_partition_size 2 at 4 ranks: the secondary-partition fetches (inside each hpZ group) send packets,
-    bit for bit the split run and the run that writes the parts in place."""
+    bit for bit the split run and the run that writes the parts in place. Inside each optimizer step no secondary
+    partition is written (one per persistent parameter a step with the step's seam left out), bit for bit the same
+    training, also where a step skips its update (as on an overflow)."""
     runs = [{"name": "baseline", "hpz": 2}] + pair("hpz", quantized=True, hpz=2)
     runs += [in_place("hpz", quantized=True, hpz=2)]
+    persistent = dict(quantized=True, hpz=2, digest=True, persistence_threshold=1100)  # BERT's biases and norms
+    runs += [
+        dict(persistent, name="hpz_persistent"),
+        dict(persistent, name="hpz_step_writes", exclude_sites=STEP_SEAM)
+    ]
+    for name, exclude in (("hpz_skip", []), ("hpz_skip_step_writes", STEP_SEAM)):
+        runs.append(dict(persistent, name=name, exclude_sites=exclude, skip_update_at=1))
     result = job(runs, world_size=4, steps=3)
+    assert_step_writes_skipped(result["runs"], steps=3)
     assert_in_place_like_packed(result, "hpz")
     runs = result["runs"]
     packed, split = runs["hpz"], runs["hpz_split"]
@@ -146,3 +161,29 @@ def test_persistent_parameters_of_two_dtypes():
     seam left out (DeepSpeed's), bit for bit the same training. (BERT's, one dtype, on every release:
     tests/multirank/test_training.py.)"""
     assert_persistent_gathered_once(job, "mixed", "fp32", 500)
+
+
+def assert_step_writes_skipped(runs, steps):
+    ours = runs["hpz_persistent"]
+    for name in ("hpz_persistent", "hpz_step_writes", "hpz_skip", "hpz_skip_step_writes"):
+        assert "error" not in runs[name], runs[name].get("traceback")
+    persistent = ours["persistent"]["params"]
+    assert persistent > 0
+    for name in ("hpz_persistent", "hpz_step_writes"):
+        # every persistent parameter at every step after the first (which finds the secondary partitions Init
+        # wrote), and any other parameter still gathered as a step begins (2 a step before 0.19)
+        assert runs[name]["secondary_writes_due"] >= persistent * (steps - 1)
+    for name in ("hpz_persistent", "hpz_step_writes", "hpz_skip", "hpz_skip_step_writes"):
+        skipped = runs[name]["secondary_writes_skipped"]
+        assert skipped == (0 if name.endswith("step_writes") else runs[name]["secondary_writes_due"]), name
+    assert ours["losses"] == runs["hpz_step_writes"]["losses"]
+    assert ours["digest"] == runs["hpz_step_writes"]["digest"]
+    assert runs["hpz_skip"]["skipped_steps"] == runs["hpz_skip_step_writes"]["skipped_steps"] == 1
+    assert ours["skipped_steps"] == 0 and runs["hpz_skip"]["digest"] != ours["digest"]
+    # After the skipped update DeepSpeed's next forward reads the secondary partitions the skipped step wrote; with
+    # the seam every secondary partition was dropped, and it reads the primary ones, as after a completed step: the
+    # same weights within the quantization bound (every forward checked), quantized in other groups.
+    skip, stock = runs["hpz_skip"], runs["hpz_skip_step_writes"]
+    assert skip["losses"][:2] == stock["losses"][:2]
+    assert skip["value_errors"] == [] and skip["dtype_errors"] == [] and skip["forward_checks"] > 0
+    assert all(abs(a - b) <= loss_tolerance(b) for a, b in zip(skip["losses"], stock["losses"]))

@@ -76,6 +76,8 @@ def partition_seam(attr, why):
             updated = kwargs.get("has_been_updated", len(args) > 1 and args[1])  # checked first: the common call
             if (not updated and getattr(param, attr, None) is not None) or not weights_quantized(init):
                 return original(init, param, *args, **kwargs)
+            if attr == "ds_secondary_tensor" and secondary.unwritten_in_step():
+                return None  # nothing reads it: the step drops every secondary partition (secondary.optimizer_step)
             fresh = (getattr(param, attr, None) is None and not param.requires_grad
                      and getattr(init, "quantized_nontrainable_weights", False))
             if not fresh:

@@ -1,4 +1,5 @@
-"""hpZ's secondary partitions written without a host wait, and gathered only once written, in stream order.
+"""hpZ's secondary partitions written without a host wait, gathered only once written, in stream order, and not
+written where nothing can read them (inside an optimizer step).
 
 DeepSpeed's ``Init._partition_param_sec`` writes a parameter's secondary (node-local) partition on the current
 stream, then blocks the host until that stream is idle: the gathers that later read the partition are issued on the
@@ -12,6 +13,9 @@ Every gather the coordinator issues (fetch and prefetch) is issued inside its ``
 (``GatheredParameters``, checkpoints) run on the current stream, after the write in stream order. Only with qwZ or
 MixZ++ on (the partition seam calls in), on an accelerator that does not order streams by itself (CUDA), and with
 the coordinator's seam installed (``patch(exclude=...)`` may leave it out): otherwise DeepSpeed's code runs as it is.
+
+Inside an optimizer step the secondary partitions of the parameters the step partitions are not written at all:
+the step drops every secondary partition before anything reads one (``optimizer_step``).
 """
 import contextlib
 
@@ -64,5 +68,55 @@ def coordinator_fetch(original):
             while _written:
                 gathers.wait_stream(_written.pop())
         return original(coordinator, *args, **kwargs)
+
+    return wrapper
+
+
+class _Step:
+    """The optimizer step running now (``optimizer_step``): whether one is, and how many secondary partitions its
+    partitioning has left unwritten since the patch was loaded (``skipped``: a count the tests read)."""
+    running = False
+    left_unwritten = False
+    skipped = 0
+
+
+STEP = _Step()
+
+
+def unwritten_in_step():
+    """Whether ``_partition_param_sec`` is called inside an optimizer step, where its write is skipped (noted)."""
+    if not STEP.running:
+        return False
+    STEP.left_unwritten = True
+    STEP.skipped += 1
+    return True
+
+
+def optimizer_step(original):
+    """Why this seam: every optimizer step of ZeRO-3 starts by partitioning each parameter still gathered (every
+    persistent one: a GPT's biases and norms, 258 for a 7B) and, with hpZ, writes each one's secondary partition from
+    the values the step is about to change; before it ends, the step drops every secondary partition
+    (``invalidate_secondary_tensor``), so nothing reads those writes. Each costs the host an allocation, two
+    kernels and DeepSpeed's Python, one parameter at a time: ~70 ms a 7B step on an H100, with the GPU idle
+    (``benchmarks/results/zeropp_bound.md``). Inside the step the seam of ``_partition_param_sec`` skips them.
+
+    Seam factory for ``DeepSpeedZeroOptimizer_Stage3.step``: the step runs with the writes skipped. A step that
+    returns before dropping the secondary partitions (an overflow or a non-finite gradient norm skips the update)
+    would leave the parameters it partitioned without one beside others with one, and DeepSpeed decides by the first
+    parameter of a fetch whether the whole fetch reads secondary partitions; so where a write was skipped, every
+    secondary partition is dropped as the step leaves, as a completed step drops them: the next fetches read the
+    primary partitions until the next forward writes the secondary ones again, as after any step. (DeepSpeed alone
+    would read the secondary partitions there: the same weights, quantized in other groups, so the step after a
+    skipped update is not bit for bit DeepSpeed's.)"""
+
+    def wrapper(optimizer, *args, **kwargs):
+        STEP.running, STEP.left_unwritten = True, False
+        try:
+            return original(optimizer, *args, **kwargs)
+        finally:
+            STEP.running = False
+            if STEP.left_unwritten:
+                STEP.left_unwritten = False
+                optimizer.invalidate_secondary_tensor()
 
     return wrapper
