@@ -74,6 +74,7 @@ def count(keys, world_size, steps, device="cpu"):
             for i in range(steps):
                 runner.step(engines[key], shape, plan.micro_batch, 101 + i)
             profiler.disable()
+            phases = _by_phase(engines[key], shape, plan.micro_batch, 101 + steps, steps)
             areas, detail = {}, {}
             for (filename, _, name), row in pstats.Stats(profiler).stats.items():
                 area, where = _area(filename, name, folders)
@@ -90,12 +91,38 @@ def count(keys, world_size, steps, device="cpu"):
                     k: v / steps
                     for k, v in detail.items()
                 },
+                "phases": phases,
             }
     finally:
         runner.set_patch(None)
         for engine in engines.values():
             runner.release(engine)
     return results
+
+
+def _by_phase(engine, shape, micro_batch, first, steps):
+    """{phase: calls per step} over ``steps`` more steps, counted within each phase of the step (forward, backward,
+    the optimizer step with the loss's wait: runner.step's marks), by a profiler of its own per phase (one profiler
+    runs at a time, so these steps are not the whole-step count's)."""
+    import contextlib
+    from deepspeed_zeropp.simulate import runner, timeline
+    profilers = {phase: cProfile.Profile() for phase in timeline.PHASES}
+
+    @contextlib.contextmanager
+    def mark(name):
+        profiler = profilers[name[len(timeline.PHASE_MARK):]]
+        profiler.enable()
+        try:
+            yield
+        finally:
+            profiler.disable()
+
+    for i in range(steps):
+        runner.step(engine, shape, micro_batch, first + i, mark=mark)
+    return {
+        phase: sum(row[1] for row in pstats.Stats(profiler).stats.values()) / steps
+        for phase, profiler in profilers.items()
+    }
 
 
 def _markdown(results, keys, steps, commit_id, device):
@@ -117,6 +144,16 @@ def _markdown(results, keys, steps, commit_id, device):
             cells = " | ".join(f"{row['areas'].get(a, 0):,.0f}" for a in areas)
             lines.append(f"| {world_size} | {runner.CONFIGS[key].label} | {row['total']:,.0f} | "
                          f"{row['total'] / base - 1:+.1%} | {cells} |")
+    phases = ("forward", "backward", "step")
+    lines += [
+        "", "By phase (calls per step within forward, backward and the optimizer step, counted over as many more "
+        "steps):", "", "| ranks | configuration | " + " | ".join(phases) + " |", "|---|---|" + "---|" * len(phases)
+    ]
+    for world_size, by_key in results.items():
+        for key in keys:
+            found = by_key[key].get("phases", {})
+            lines.append(f"| {world_size} | {runner.CONFIGS[key].label} | " +
+                         " | ".join(f"{found[p]:,.0f}" if p in found else "-" for p in phases) + " |")
     for world_size, by_key in results.items():
         base = by_key[keys[0]]["detail"]
         for key in keys[1:]:
