@@ -229,8 +229,9 @@ def _ns(us):
 def from_profile(events):
     """The device activities of torch.profiler's events (``profile.events()``), times in integer nanoseconds: every
     kernel, copy and fill (a simulated collective's copies are part of it), never a marker the profiler puts on the
-    device's timeline (a stream's wait, a ``record_function`` range: :func:`is_work`). An activity's launch: the start of the CUDA runtime call with its correlation id (the
-    event's ``id``; a runtime call is a host event named ``cuda...`` or ``cu...``)."""
+    device's timeline (a stream's wait, a ``record_function`` range: :func:`is_work`). An activity's launch: the
+    start of the CUDA runtime call with its correlation id (the event's ``id``; a runtime call is a host event named
+    ``cuda...`` or ``cu...``)."""
     from torch.autograd import DeviceType
     launches = {
         e.id: _ns(e.time_range.start)

@@ -97,8 +97,9 @@ def optimizer_step(original):
     persistent one: a GPT's biases and norms, 258 for a 7B) and, with hpZ, writes each one's secondary partition from
     the values the step is about to change; before it ends, the step drops every secondary partition
     (``invalidate_secondary_tensor``), so nothing reads those writes. Each costs the host an allocation, two
-    kernels and DeepSpeed's Python, one parameter at a time: ~70 ms a 7B step on an H100, with the GPU idle
-    (``benchmarks/results/zeropp_bound.md``). Inside the step the seam of ``_partition_param_sec`` skips them.
+    kernels and DeepSpeed's Python, one parameter at a time, while the GPU idles: a simulated 7B step at 64 ranks
+    on an H100 is ~1% faster without them (``benchmarks/results/zeropp_bound.md``). Inside the step the seam of
+    ``_partition_param_sec`` skips them.
 
     Seam factory for ``DeepSpeedZeroOptimizer_Stage3.step``: the step runs with the writes skipped. A step that
     returns before dropping the secondary partitions (an overflow or a non-finite gradient norm skips the update)
