@@ -7,6 +7,9 @@ buckets; every configuration trains one untimed step, then ``--steps`` steps und
 Python function call and every C function called from Python.
 
     python benchmarks/host_calls.py [--world-sizes 8 64] [--configs unquantized ours-qwz ours-qwz-qgz] [--steps 2]
+
+hpZ configurations (``ours-qwz-qgz-hpz``, ``...-step-writes``) run with ``stage3_max_reuse_distance`` 0, so that
+their backward re-fetches read the node-local copy at this model's size (the others keep DeepSpeed's default).
 writes results/host_calls.md and results/host_calls.json. Upstream's quantizer op has no CPU build: with
 ``--device cuda`` the same count runs on a GPU (our CUDA backend, DeepSpeed's op for upstream; the collectives
 still free), where ``upstream-qwz`` can be counted too, into results/host_calls_cuda.md and .json.
@@ -64,8 +67,9 @@ def count(keys, world_size, steps, device="cpu"):
     world.set_link(None)
     results, engines = {}, {}
     try:
-        for key in keys:
-            engines[key], _ = runner._build_and_warm(key, plan)
+        for key in keys:  # hpZ's node-local copy is only read where weights are released between uses
+            hpz = runner.CONFIGS[key].zero.get("hpz")
+            engines[key], _ = runner._build_and_warm(key, plan._replace(reuse_distance=0) if hpz else plan)
         for key in keys:
             runner.set_patch(runner.CONFIGS[key])
             runner.step(engines[key], shape, plan.micro_batch, 100)
