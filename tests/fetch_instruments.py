@@ -11,7 +11,8 @@ ZeRO-3 weight fetches cost in collectives and operations, and whether packets ca
 - every run reports ``persistent``: how many persistent parameters the optimizer gathers after every step, and
   in how many dtypes; ``secondary_writes_skipped``: hpZ secondary partitions left unwritten inside optimizer steps
   (``patching/seams/secondary.py``); with ``hpz``, ``secondary_writes_due``: those DeepSpeed would write there (the
-  gathered parameters without one when a step partitions them); ``skipped_steps``: the engine's count of steps that skipped their update.
+  gathered parameters without one when a step partitions them); ``skipped_steps``: the engine's count of steps
+  that skipped their update.
 - a run with ``skip_update_at`` (a step index) has that step skip its update, as on an overflow.
 - a run with ``fetch_cost`` also reports ``fetch_cost`` after training: one fetch of the model's largest module
   with several parameters (a bucket) and of its largest parameter alone (a single-parameter fetch), each counted
@@ -87,7 +88,7 @@ def before_step(job, step):
         _count_writes_due(job)
     if job.run.get("skip_update_at") == step:
         _skip_update(job.engine.optimizer)
-    elif job.run.get("skip_update_at") == step - 1:  # releases before 0.19.6 reset the flag for fp16 only
+    elif job.run.get("skip_update_at") == step - 1:  # older releases reset the flag for fp16 only
         job.engine.optimizer.overflow = False
     if step != 0:
         return

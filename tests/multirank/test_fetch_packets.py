@@ -134,7 +134,8 @@ def test_hpz_secondary_fetches_send_one_packet():
     """zero_hpz_partition_size 2 at 4 ranks: the secondary-partition fetches (inside each hpZ group) send packets,
     bit for bit the split run and the run that writes the parts in place. Inside each optimizer step no secondary
     partition is written (one per persistent parameter a step with the step's seam left out), bit for bit the same
-    training, also where a step skips its update (as on an overflow)."""
+    training; where a step skips its update (as on an overflow), the same training up to that step and within the
+    loss tolerance after it (the next forward reads the primary partitions)."""
     runs = [{"name": "baseline", "hpz": 2}] + pair("hpz", quantized=True, hpz=2)
     runs += [in_place("hpz", quantized=True, hpz=2)]
     persistent = dict(quantized=True, hpz=2, digest=True, persistence_threshold=1100)  # BERT's biases and norms
