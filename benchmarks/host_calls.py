@@ -7,12 +7,12 @@ buckets; every configuration trains one untimed step, then ``--steps`` steps und
 Python function call and every C function called from Python.
 
     python benchmarks/host_calls.py [--world-sizes 8 64] [--configs unquantized ours-qwz ours-qwz-qgz] [--steps 2]
-
-hpZ configurations (``ours-qwz-qgz-hpz``, ``...-step-writes``) run with ``stage3_max_reuse_distance`` 0, so that
-their backward re-fetches read the node-local copy at this model's size (the others keep DeepSpeed's default).
 writes results/host_calls.md and results/host_calls.json. Upstream's quantizer op has no CPU build: with
 ``--device cuda`` the same count runs on a GPU (our CUDA backend, DeepSpeed's op for upstream; the collectives
 still free), where ``upstream-qwz`` can be counted too, into results/host_calls_cuda.md and .json.
+
+hpZ configurations (``ours-qwz-qgz-hpz``, ``...-step-writes``) run with ``stage3_max_reuse_distance`` 0, so that
+their backward re-fetches read the node-local copy at this model's size (the others keep DeepSpeed's default).
 """
 import argparse
 import cProfile

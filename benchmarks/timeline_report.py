@@ -22,6 +22,7 @@ from deepspeed_zeropp.simulate import timeline  # noqa: E402
 def load(path):
     with gzip.open(path, "rt") as f:
         saved = json.load(f)
+    # dumps saved before timeline.is_work hold the phases' ranges the profiler mirrors on the device: no work
     activities = [timeline.Activity(*a) for a in saved["activities"] if not a[4].startswith(timeline.PHASE_MARK)]
     return activities, {tuple(s) for s in saved["comm_streams"]}, sorted(tuple(w) for w in saved["windows"])
 
