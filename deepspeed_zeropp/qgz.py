@@ -22,6 +22,7 @@ tensor's dtype. Both paths return this rank's chunk: ``ceil(numel / world)`` val
 last ranks, as ``reduce_scatter_coalesced``.
 """
 import math
+import struct
 from typing import NamedTuple
 
 import torch
@@ -65,22 +66,34 @@ def reduce_scatter_plain(tensors, world, rank, factor):
     chunks = [_partition(t.numel(), world, rank)[0] for t in tensors]
     if sum(chunks) == 0:  # no tensors, or only empty ones: nothing to send
         return [torch.empty(0, dtype=t.dtype, device=t.device) for t in tensors]
-    rows = torch.zeros(world, sum(chunks), dtype=torch.float32, device=tensors[0].device)
-    start = 0
-    for tensor, chunk in zip(tensors, chunks):
-        # Row r takes values [r * chunk, (r + 1) * chunk) straight from the tensor; what lies past its end stays zero.
-        flat = tensor.reshape(-1)
-        full, rest = divmod(tensor.numel(), chunk) if chunk else (0, 0)
-        rows[:full, start:start + chunk] = flat[:full * chunk].view(full, chunk)
-        if rest:
-            rows[full, start:start + rest] = flat[full * chunk:]
-        start += chunk
-    summed = torch.empty(rows.shape[1], dtype=torch.float32, device=rows.device)
+    device = tensors[0].device
+    if len(tensors) == 1 and tensors[0].numel() == world * chunks[0]:
+        # the rows are the tensor's own values: one cast (a copy for fp32, never the tensor itself, which some
+        # process-group backends reduce in place)
+        rows = tensors[0].reshape(world, chunks[0]).to(torch.float32, copy=True)
+    else:
+        exact = all(t.numel() == world * chunk for t, chunk in zip(tensors, chunks))
+        rows = (torch.empty if exact else torch.zeros)(world, sum(chunks), dtype=torch.float32, device=device)
+        start = 0
+        for tensor, chunk in zip(tensors, chunks):
+            # Row r takes values [r * chunk, (r + 1) * chunk) straight from the tensor; what lies past its end stays
+            # zero.
+            flat = tensor.reshape(-1)
+            full, rest = divmod(tensor.numel(), chunk) if chunk else (0, 0)
+            rows[:full, start:start + chunk] = flat[:full * chunk].view(full, chunk)
+            if rest:
+                rows[full, start:start + rest] = flat[full * chunk:]
+            start += chunk
+    summed = torch.empty(rows.shape[1], dtype=torch.float32, device=device)
     dist.reduce_scatter_fn(summed, rows.view(-1))
-    # The mean's factor and each dtype's rounding once over the whole result (a few kernels, not two per tensor);
-    # every tensor gets a view of its own values, as reduce_scatter_coalesced hands out views of one buffer.
-    summed.mul_(factor)
-    rounded = {dtype: summed.to(dtype) for dtype in {t.dtype for t in tensors}}
+    # The mean's factor and each dtype's rounding in one kernel per dtype over the whole result, the product taken in
+    # fp32 and rounded once on the way out; every tensor gets a view of its own values, as reduce_scatter_coalesced
+    # hands out views of one buffer.
+    rounded = {}
+    for dtype in {t.dtype for t in tensors} - {torch.float32}:
+        rounded[dtype] = torch.mul(summed, factor, out=torch.empty(summed.shape, dtype=dtype, device=device))
+    if any(t.dtype == torch.float32 for t in tensors):
+        rounded[torch.float32] = summed.mul_(factor)
     results, start = [], 0
     for tensor, chunk in zip(tensors, chunks):
         mine = _partition(tensor.numel(), world, rank)[1]
@@ -89,18 +102,19 @@ def reduce_scatter_plain(tensors, world, rank, factor):
     return results
 
 
-def encode(gradient, topology, padded_chunk, feedback=None):
+def encode(gradient, topology, padded_chunk, feedback=None, kernels=None):
     """The blocks ``gradient`` sends in qgZ's first all-to-all; ``feedback`` (LoCo): None, or the error feedback of
     the first and of the second quantization (``int4.Feedback``; the second is None with one rank per node, where
-    the gradient is quantized once)."""
+    the gradient is quantized once). ``kernels``: the backend module to use (default ``codec`` of the gradient's
+    device; a batch looks it up once)."""
     world, local_size, nodes = topology.world, topology.local_size, topology.nodes
     flat = gradient.reshape(-1).contiguous()
     first = feedback[0] if feedback else None
     # One rank per node: block d (chunk d) goes straight to node d. Otherwise local peer j gets row m = chunk
     # m * L + j, for every node m.
     destinations, rows = (nodes, 1) if local_size == 1 else (local_size, nodes)
-    return codec(gradient.device).qgz_encode(flat, destinations, rows,
-                                              _partition(flat.numel(), world, 0)[0], padded_chunk, first)
+    kernels = kernels or codec(gradient.device)
+    return kernels.qgz_encode(flat, destinations, rows, _partition(flat.numel(), world, 0)[0], padded_chunk, first)
 
 
 def _exchange(blocks, group):
@@ -121,12 +135,13 @@ def _reduce_scatter_batch(gradients, padded, feedbacks, topology, groups):
     world, local_size, nodes, rank = topology.world, topology.local_size, topology.nodes, topology.rank
     node, local = divmod(rank, local_size)
     kernels = codec(gradients[0].device)
-    blocks = [encode(g, topology, p, f) for g, p, f in zip(gradients, padded, feedbacks)]
+    blocks = [encode(g, topology, p, f, kernels) for g, p, f in zip(gradients, padded, feedbacks)]
     if local_size > 1:
         # Each local peer sums what its peers sent and re-encodes one row per node.
         received = _exchange(blocks, groups[f"local_{node}"])
         blocks = [
-            kernels.qgz_reduce_encode(r, nodes, p, f[1] if f else None) for r, p, f in zip(received, padded, feedbacks)
+            kernels.qgz_reduce_encode(r, nodes, p, f[1] if f else None)
+            for r, p, f in zip(received, padded, feedbacks)
         ]
         del received
     # Across nodes (ranks with the same local index): node m gets the node sums of its chunk.
@@ -181,8 +196,13 @@ def topology():
     from deepspeed import comm as dist
     from deepspeed.accelerator import get_accelerator
     world, local_size = dist.get_world_size(), get_accelerator().device_count()
-    factor = float(torch.tensor(1.0 / world, dtype=torch.float32))  # the mean, as an fp32 value for both codecs
-    return Topology(world, local_size, world // local_size, dist.get_rank(), factor)
+    return Topology(world, local_size, world // local_size, dist.get_rank(), mean_factor(world))
+
+
+def mean_factor(world):
+    """1 / ``world`` rounded to the nearest fp32 value (the mean's factor of both codecs), computed on the host: no
+    tensor, so nothing to launch or wait for."""
+    return struct.unpack("f", struct.pack("f", 1.0 / world))[0]
 
 
 def padded_chunk_of(numel, world):
