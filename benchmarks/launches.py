@@ -1,0 +1,227 @@
+"""Kernel launches per ZeRO-3 step, counted exactly on the CPU: what a configuration would launch on a GPU, by op.
+
+A profiled GPU step gives one launch count, at one world size, on the machine that is lent. This counts the same
+thing without a GPU, by what each op of the step is: rank 0 of a simulated world (``deepspeed_zeropp.simulate``,
+collectives free), every ATen op the step dispatches counted under a dispatch mode unless it launches nothing on a
+GPU (views, allocations, metadata), every collective one launch (NCCL's one kernel), and every call into the
+quantization backend one launch (the CUDA backend's one kernel per call; its bucket wait writes parts in place
+where its ``WRITES_PARTS`` says so, and the count follows that switch). The ops inside collectives and backend
+calls are not counted again.
+
+The model has the 1.4B GPT's structure at width 1024 (24 layers: the HF Trainer's "auto" buckets scale with
+width^2, so every fetch holds the same parameters as at 2048) and DeepSpeed's ``stage3_max_reuse_distance`` scaled
+by the same factor (2.5e8), so that backward re-fetches the weights it re-fetches at 1.4B.
+
+    python benchmarks/launches.py [--world-sizes 8 64] [--configs unquantized ours-qwz upstream...] [--steps 1]
+writes results/launches.md and results/launches.json. Counts are exact: the same tree gives the same figures.
+"""
+import argparse
+import collections
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import commit  # noqa: E402
+
+SHAPE = dict(layers=24, width=1024, heads=8, vocab=4096, seq=64)
+REUSE_DISTANCE = 250_000_000  # DeepSpeed's default (1e9) times (1024 / 2048)^2
+# ATen ops that launch nothing on a GPU besides views: allocation, metadata, stream bookkeeping
+NO_LAUNCH = frozenset(("empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "set_", "resize_",
+                       "record_stream", "lift_fresh", "detach", "alias", "_unsafe_view", "view"))
+BACKEND_FUNCTIONS = ("quantize", "quantize_into", "dequantize", "dequantize_ranks", "dequantize_rows_into",
+                     "dequantize_parts_into", "qgz_encode", "qgz_reduce_encode", "qgz_decode_sum")
+TOP = 12  # ops listed by their difference to the first configuration
+
+
+def launches(func):
+    """Whether the ATen op ``func`` launches work on a GPU."""
+    return not (func.is_view or func.overloadpacket.__name__ in NO_LAUNCH)
+
+
+class Counter:
+    """Launches by phase and by op while on; :meth:`outside` stops counting for what one launch already covers."""
+
+    def __init__(self):
+        self.by_phase = collections.defaultdict(collections.Counter)
+        self.phase = None
+        self._paused = 0
+
+    def add(self, name):
+        if self.phase is not None and not self._paused:
+            self.by_phase[self.phase][name] += 1
+
+    @contextlib.contextmanager
+    def outside(self, name):
+        self.add(name)
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    @contextlib.contextmanager
+    def in_phase(self, mark):
+        from deepspeed_zeropp.simulate import timeline
+        self.phase = mark[len(timeline.PHASE_MARK):]
+        try:
+            yield
+        finally:
+            self.phase = None
+
+
+def _mode(counter):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Launches(TorchDispatchMode):
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if launches(func):
+                counter.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    return Launches()
+
+
+def _wrap(owner, name, counter, label):
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        with counter.outside(label):
+            return original(*args, **kwargs)
+
+    setattr(owner, name, wrapper)
+
+
+def count(keys, world_size, steps):
+    """{key: {phase: {op: launches per step}}}: rank 0 of ``world_size`` ranks on 2 nodes (as host_calls.py)."""
+    import torch
+    from deepspeed_zeropp import ops
+    from deepspeed_zeropp.backends import cuda, torch_ref
+    from deepspeed_zeropp.simulate import model, runner, world
+    counter = Counter()
+    for name in (name for name in BACKEND_FUNCTIONS if hasattr(torch_ref, name)):
+        _wrap(torch_ref, name, counter, f"backend.{name}")
+    _wrap(world.SimulatedGroup, "_run", counter, "collective")
+    ops.forget_signatures()
+    topology = world.Topology(world_size, world_size // 2)
+    shape = model.Shape(**SHAPE)
+    plan = runner.Plan(shape,
+                       topology, {"free": None},
+                       tuple(keys),
+                       steps=steps,
+                       warmup=1,
+                       device="cpu",
+                       dtype=torch.bfloat16,
+                       micro_batch=1,
+                       profile=False,
+                       reuse_distance=REUSE_DISTANCE)
+    world.install(world_size, topology.gpus_per_node, "cpu")
+    world.set_link(None)
+    results, engines = {}, {}
+    try:
+        for key in keys:
+            engines[key], _ = runner._build_and_warm(key, plan)
+        for key in keys:
+            runner.set_patch(runner.CONFIGS[key])
+            torch_ref.WRITES_PARTS = cuda.WRITES_PARTS  # as the CUDA backend's bucket waits run
+            runner.step(engines[key], shape, plan.micro_batch, 100)
+            counter.by_phase.clear()
+            with _mode(counter):
+                for i in range(steps):
+                    runner.step(engines[key], shape, plan.micro_batch, 101 + i, mark=counter.in_phase)
+            results[key] = {
+                phase: {
+                    op: n / steps
+                    for op, n in sorted(ops_.items())
+                }
+                for phase, ops_ in counter.by_phase.items()
+            }
+    finally:
+        runner.set_patch(None)
+        torch_ref.WRITES_PARTS = False
+        for engine in engines.values():
+            runner.release(engine)
+    return results
+
+
+def total(by_phase, phase=None):
+    return sum(n for p, ops_ in by_phase.items() if phase in (None, p) for n in ops_.values())
+
+
+def _markdown(results, keys, steps, commit_id):
+    from deepspeed_zeropp.simulate import runner
+    phases = ("forward", "backward", "step")
+    label = {key: runner.CONFIGS[key].label for key in keys}
+    lines = [
+        "# Kernel launches per ZeRO-3 step, counted on the CPU", "", f"Commit {commit_id}. Rank 0 of a simulated "
+        f"world on the CPU (2 nodes, collectives free), GPT {SHAPE} (the 1.4B's structure at width 1024), "
+        f"micro-batch 1, the HF Trainer's \"auto\" buckets, stage3_max_reuse_distance {REUSE_DISTANCE:.2g}, bf16; "
+        f"every op that would launch a kernel on a GPU counted over {steps} step(s) after one uncounted step, each "
+        "collective and each quantization backend call as one launch (`python benchmarks/launches.py`). Exact: "
+        "the same tree gives the same figures.", "",
+        "| ranks | configuration | launches per step | vs " + label[keys[0]] + " | " + " | ".join(phases) + " |",
+        "|---|---|---|---|" + "---|" * len(phases)
+    ]
+    for world_size, by_key in results.items():
+        base = total(by_key[keys[0]])
+        for key in keys:
+            found = by_key[key]
+            lines.append(f"| {world_size} | {label[key]} | {total(found):,.0f} | {total(found) / base - 1:+.1%} | " +
+                         " | ".join(f"{total(found, p):,.0f}" for p in phases) + " |")
+    for world_size, by_key in results.items():
+        merged = {key: collections.Counter() for key in keys}
+        for key in keys:
+            for ops_ in by_key[key].values():
+                merged[key].update(ops_)
+        for key in keys[1:]:
+            base, mine = merged[keys[0]], merged[key]
+            moved = sorted(set(base) | set(mine), key=lambda op: (-abs(mine[op] - base[op]), op))[:TOP]
+            lines += [
+                "", f"{world_size} ranks, {label[key]} against {label[keys[0]]}: the launches that moved most, by op",
+                "", f"| op | {label[keys[0]]} | {label[key]} | difference |", "|---|---|---|---|"
+            ]
+            lines += [
+                f"| `{op}` | {base[op]:,.0f} | {mine[op]:,.0f} | {mine[op] - base[op]:+,.0f} |" for op in moved
+                if mine[op] != base[op]
+            ]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[8, 64])
+    parser.add_argument("--configs", nargs="+", default=["unquantized", "ours-qwz", "ours-qwz-qgz"])
+    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child process: one world size, JSON out
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(count(args.configs, args.one, args.steps)))
+        return
+    results = {}
+    for world_size in args.world_sizes:
+        child = subprocess.run([
+            sys.executable, __file__, "--one",
+            str(world_size), "--steps",
+            str(args.steps), "--configs", *args.configs
+        ],
+                               capture_output=True,
+                               text=True,
+                               env=dict(os.environ, DS_ACCELERATOR="cpu"))
+        if child.returncode != 0:
+            sys.exit(f"launches: {world_size} ranks failed:\n{child.stderr[-4000:]}")
+        results[world_size] = json.loads(child.stdout.strip().splitlines()[-1])
+    commit_id = commit()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "launches.json").write_text(json.dumps({"commit": commit_id, "results": results}, indent=1))
+    text = _markdown(results, args.configs, args.steps, commit_id)
+    (args.out / "launches.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
