@@ -2,7 +2,7 @@
 the packet (``quantize_into``) and the gathered packets dequantized in place (``dequantize_ranks``), against the
 backend's plain quantize / dequantize with copies into and out of the packets (what ``ops`` does for a backend
 without them); and a bucket's wait (``ops.dequantize_packed_parts``: every parameter's part of the 8 packets in a
-buffer of its own) written in place, one kernel per parameter (``dequantize_rows_into``, the backend's
+buffer of its own) written in place, one kernel for the bucket (``dequantize_parts_into``, the backend's
 ``WRITES_PARTS`` on), against one dequantize of the bucket and a copy per parameter. Timed interleaved in one
 process (the order rotated every trial), wall time per call between CUDA events, so host work counts wherever it
 outlasts the kernels; kernel launches counted with the profiler.

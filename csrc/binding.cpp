@@ -13,6 +13,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "quantizer.h"
 #include "wire_formats.h"
@@ -326,51 +327,64 @@ at::Tensor dequantize_rows(const at::Tensor& codes, const at::Tensor& scales, in
     return out;
 }
 
-// One parameter's part of every rank's packet, written straight into its buffer: `codes` [k, n] int8, columns
-// [first_column, first_column + n) of the packets' codes (a view with unit inner stride), `scales` [k, G] fp32 the
-// packets' whole scale rows, rows lying equally many bytes apart as in dequantize_rows; `out` a contiguous [k, n]
-// tensor of fp16, bf16 or fp32 on the same device. Group of column c: c / group_size.
-void dequantize_rows_into(
-    const at::Tensor& codes, const at::Tensor& scales, int64_t group_size, int64_t first_column, at::Tensor& out)
+// Each parameter's part of every rank's packet, written straight into a buffer of its own: `codes` [k, n] int8 and
+// `scales` [k, G] fp32, the packets' whole rows (views with unit inner stride, rows lying equally many bytes apart as
+// in dequantize_rows); part i is columns [first_columns[i], first_columns[i] + m) of every row, written into
+// outs[i], a contiguous [k, m] tensor of fp16, bf16 or fp32 on the same device. Group of column c: c / group_size.
+void dequantize_parts_into(const at::Tensor& codes,
+                           const at::Tensor& scales,
+                           int64_t group_size,
+                           const std::vector<int64_t>& first_columns,
+                           const std::vector<at::Tensor>& outs)
 {
     check_cuda(codes, "codes");
     check_cuda(scales, "scales");
     check_dtype(codes, at::kChar, "codes");
     check_dtype(scales, at::kFloat, "scales");
     check_same_device(scales, codes, "scales", "codes");
-    check_contiguous_cuda(out, "out");
-    check_same_device(out, codes, "out", "codes");
-    const dszpp::Format format = format_of(out.scalar_type(), "out");
-    TORCH_CHECK(codes.dim() == 2 && scales.dim() == 2 && out.dim() == 2 && codes.size(0) == scales.size(0) &&
-                    codes.sizes() == out.sizes(),
-                message("codes and out must be [k, n] and scales [k, G] with as many rows, got sizes ", codes.sizes(),
-                        ", ", out.sizes(), " and ", scales.sizes()));
+    TORCH_CHECK(codes.dim() == 2 && scales.dim() == 2 && codes.size(0) == scales.size(0),
+                message("codes must be [k, n] and scales [k, G] with as many rows, got sizes ", codes.sizes(), " and ",
+                        scales.sizes()));
     TORCH_CHECK(codes.stride(1) == 1 && scales.stride(1) == 1,
                 message("rows must be contiguous (inner stride 1), got strides ", codes.strides(), " and ",
                         scales.strides()));
-    const int64_t rows = codes.size(0), numel = codes.size(1);
+    const int64_t rows = codes.size(0), columns = codes.size(1);
     TORCH_CHECK(rows <= 65535, message("at most 65535 rows are read per call, got ", rows));
     TORCH_CHECK(rows == 1 || codes.stride(0) == scales.stride(0) * 4,
                 message("codes and scales rows must lie equally many bytes apart, got row strides ", codes.stride(0),
                         " bytes and ", scales.stride(0), " floats"));
-    TORCH_CHECK(group_size >= 1 && first_column >= 0,
-                message("group_size must be >= 1 and first_column >= 0, got ", group_size, " and ", first_column));
-    // by division, so that first_column + numel cannot overflow: the last column's group must have a scale
-    TORCH_CHECK(numel == 0 || (first_column + (numel - 1)) / group_size < scales.size(1),
-                message("columns ", first_column, " to ", first_column + numel, " in groups of ", group_size,
-                        " need more than the ", scales.size(1), " scales a row"));
-    if (rows == 0 || numel == 0) return;
+    TORCH_CHECK(group_size >= 1 && scales.size(1) >= (columns + group_size - 1) / group_size,
+                message("group_size must be >= 1 and scales must hold a value per group of the ", columns,
+                        " columns, got group_size ", group_size, " and ", scales.size(1), " scales a row"));
+    TORCH_CHECK(first_columns.size() == outs.size(),
+                message("one first column per output, got ", static_cast<int64_t>(first_columns.size()),
+                        " first columns and ", static_cast<int64_t>(outs.size()), " outputs"));
+    std::vector<dszpp::Part> parts;
+    parts.reserve(outs.size());
+    for (size_t i = 0; i < outs.size(); ++i) {
+        const at::Tensor& out = outs[i];
+        check_contiguous_cuda(out, "out");
+        check_same_device(out, codes, "out", "codes");
+        const dszpp::Format format = format_of(out.scalar_type(), "out");
+        TORCH_CHECK(out.dim() == 2 && out.size(0) == rows,
+                    message("every out must be [k, m] with the codes' ", rows, " rows, got sizes ", out.sizes()));
+        const int64_t first = first_columns[i], numel = out.size(1);
+        // first <= columns - numel rather than first + numel <= columns: no overflow
+        TORCH_CHECK(first >= 0 && first <= columns - numel,
+                    message("part ", static_cast<int64_t>(i), ": columns ", first, " to ", first + numel,
+                            " do not lie within the ", columns, " columns of the codes"));
+        if (numel > 0) parts.push_back(dszpp::Part{format, first, numel, out.data_ptr()});
+    }
+    if (rows == 0 || parts.empty()) return;
     const OnDevice device(codes);
-    dszpp::launch_dequantize_rows_into(format,
-                                       codes.data_ptr<int8_t>(),
-                                       scales.data_ptr<float>(),
-                                       rows == 1 ? 0 : codes.stride(0),
-                                       first_column,
-                                       out.data_ptr(),
-                                       rows,
-                                       numel,
-                                       group_size,
-                                       device.stream());
+    dszpp::launch_dequantize_parts(codes.data_ptr<int8_t>(),
+                                   scales.data_ptr<float>(),
+                                   rows == 1 ? 0 : codes.stride(0),
+                                   rows,
+                                   parts.data(),
+                                   static_cast<int64_t>(parts.size()),
+                                   group_size,
+                                   device.stream());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -560,9 +574,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.def("dequantize_rows",
           &dequantize_rows,
           "codes [k, n], scales [k, G] (rows apart), group_size, format id -> [k, n] values");
-    m.def("dequantize_rows_into",
-          &dequantize_rows_into,
-          "codes [k, n] (columns from first_column), scales [k, G], group_size, first_column, out [k, n]");
+    m.def("dequantize_parts_into",
+          &dequantize_parts_into,
+          "codes [k, n], scales [k, G] (whole rows), group_size, first columns, outs [k, m_i]: part i into outs[i]");
     m.def("qgz_encode", &qgz_encode, "qgZ: gradient, destinations, rows, chunk, padded_chunk -> uint8 blocks");
     m.def("qgz_reduce_encode", &qgz_reduce_encode, "qgZ: blocks, rows, padded_chunk -> summed, re-encoded blocks");
     m.def("qgz_encode_feedback",

@@ -10,15 +10,20 @@
 //
 // Rows (launch_dequantize_rows): the grid's second dimension walks rows that lie apart in memory (the packets of an
 // all-gather, each rank's codes with its own scales); each row is an equal-groups layout of its own, read in place,
-// and its values are written back to back. Packets stay 16-byte wide when every row's codes and output start on a
-// 16-byte boundary. A run of columns of the rows (launch_dequantize_rows_into: one parameter's part of every rank's
-// packet) is read the same way from its first column on: `base`, the run's first column, enters only the group
-// index, and packets take one scale each only when it is a multiple of the packet size.
+// and its values are written back to back. Parts (launch_dequantize_parts: each parameter's part of every rank's
+// packet, into a buffer of its own) are runs of columns of the rows, all of them in one launch: the grid's first
+// dimension numbers the blocks of one run after those of the run before, and a block finds its run in the table it
+// is passed. A run's first column, `base`, offsets its codes and enters the group index; its packets take one scale
+// each only when it is a multiple of the packet size. Packets stay 16-byte wide where a run's codes and output rows
+// start on 16-byte boundaries; runs that differ in that (or in index width) go to separate launches.
 //
 // Layouts (quantizer.h): equal groups, or blocks of block_numel elements each ending in a shorter group (a gather of
 // per-rank quantized buffers). Groups are numbered block after block, so stepping always moves to the next scale; only
 // a blocked layout has to track where in its block a group lies, to know the group's length. Equal groups compile to
 // the kernel without that bookkeeping.
+#include <algorithm>
+#include <vector>
+
 #include "formats.cuh"
 #include "quantizer.h"
 
@@ -28,9 +33,26 @@ namespace {
 constexpr int kThreads = 256;  // with kUnroll 4: measured ahead of 128 x 8, 512 x 4 and 512 x 8 at 16M and 134M
 constexpr int kUnroll = 4;
 
-// Distances between consecutive rows, in elements of codes, scales and output (zero for a single row).
+// Distances between consecutive rows, in elements of codes and scales (zero for a single row).
 struct RowStrides {
-    int64_t codes, scales, out;
+    int64_t codes, scales;
+};
+
+// One run of columns of every row, written to a buffer of its own: columns [base, base + row_numel) of each row (the
+// last row's: last_numel), row r's values at out + r * out_stride. first_tile: the launch's first block of this run
+// (blocks of the grid's first dimension are numbered run after run).
+struct Run {
+    int64_t base, row_numel, last_numel, out_stride;
+    void* out;
+    int64_t first_tile;
+};
+
+// The runs of one launch, passed by value. A block finds its run by a scan over constant indices (no dynamic
+// indexing of kernel parameters, which would copy the table to local memory), so a launch takes at most kMaxRuns.
+constexpr int kMaxRuns = 16;
+struct Runs {
+    int count;
+    Run run[kMaxRuns];
 };
 
 template <typename Index>
@@ -43,24 +65,28 @@ __device__ __forceinline__ Index smaller(Index a, Index b)
 template <typename Fmt, int VEC, typename Index, bool kBlocked, bool kWhole>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(const int8_t* __restrict__ codes,
                                                               const float* __restrict__ scales,
-                                                              typename Fmt::Bits* __restrict__ out,
-                                                              Index row_numel,
-                                                              Index last_numel,
                                                               RowStrides strides,
-                                                              Index base,
+                                                              Runs runs,
                                                               Index group_size,
                                                               Index block_numel,
                                                               Index block_groups)
 {
     using Bits = typename Fmt::Bits;
+    Run run = runs.run[0];
+#pragma unroll
+    for (int i = 1; i < kMaxRuns; ++i) {
+        if (i >= runs.count || blockIdx.x < runs.run[i].first_tile) break;
+        run = runs.run[i];
+    }
     const size_t row = blockIdx.y;
-    const Index numel = row + 1 == gridDim.y ? last_numel : row_numel;
-    codes += row * strides.codes;
+    const Index numel = static_cast<Index>(row + 1 == gridDim.y ? run.last_numel : run.row_numel);
+    const Index base = static_cast<Index>(run.base);
+    codes += row * strides.codes + run.base;
     scales += row * strides.scales;
-    out += row * strides.out;
+    Bits* __restrict__ out = static_cast<Bits*>(run.out) + row * run.out_stride;
     using CodePacket = PacketOf<int8_t, VEC>;
     using OutPacket = PacketOf<Bits, VEC>;
-    const Index tile = static_cast<Index>(blockIdx.x) * kThreads * kUnroll;
+    const Index tile = static_cast<Index>(blockIdx.x - run.first_tile) * kThreads * kUnroll;
 
     CodePacket in[kUnroll];
 #pragma unroll
@@ -129,70 +155,73 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const int8_t* __re
     }
 }
 
-// `rows` rows of `row_numel` values, the last one of `last_numel`, `strides` apart (one row: the flat layouts), read
-// from column `base` of each row's equal groups on (0 but for launch_dequantize_rows_into; never in blocked layouts).
+// What every run of a launch shares: the rows' codes (column 0 of row 0) and scales, their strides, the layout.
 struct Rows {
-    int64_t rows, row_numel, last_numel;
+    const int8_t* codes;
+    const float* scales;
+    int64_t rows;
     RowStrides strides;
-    int64_t base;
+    int64_t group_size, block_numel;
 };
 
-template <typename Fmt, int VEC, typename Index>
-void launch_with(const int8_t* codes,
-                 const float* scales,
-                 typename Fmt::Bits* out,
-                 const Rows& rows,
-                 int64_t group_size,
-                 int64_t block_numel,
-                 cudaStream_t stream)
+template <typename Fmt, int VEC, typename Index, bool kBlocked, bool kWhole>
+void launch_runs(const Rows& rows, const std::vector<Run>& runs, cudaStream_t stream)
 {
-    const int64_t packets = (rows.row_numel + VEC - 1) / VEC;
-    const dim3 grid(static_cast<unsigned>((packets + kThreads * kUnroll - 1) / (kThreads * kUnroll)),
-                    static_cast<unsigned>(rows.rows));
-    const int64_t block_groups = (block_numel + group_size - 1) / group_size;
-    const auto n = static_cast<Index>(rows.row_numel);
-    const auto last = static_cast<Index>(rows.last_numel);
-    const auto size = static_cast<Index>(group_size);
-    const auto base = static_cast<Index>(rows.base);
-    if (block_numel % group_size == 0 && group_size % VEC == 0 && rows.base % VEC == 0)
-        dequantize_kernel<Fmt, VEC, Index, false, true>
-            <<<grid, kThreads, 0, stream>>>(codes, scales, out, n, last, rows.strides, base, size, 0, 0);
-    else if (block_numel % group_size == 0)
-        dequantize_kernel<Fmt, VEC, Index, false, false>
-            <<<grid, kThreads, 0, stream>>>(codes, scales, out, n, last, rows.strides, base, size, 0, 0);
-    else
-        dequantize_kernel<Fmt, VEC, Index, true, false><<<grid, kThreads, 0, stream>>>(
-            codes, scales, out, n, last, rows.strides, 0, size, static_cast<Index>(block_numel),
-            static_cast<Index>(block_groups));
+    const int64_t block_groups = (rows.block_numel + rows.group_size - 1) / rows.group_size;
+    for (size_t first = 0; first < runs.size(); first += kMaxRuns) {
+        Runs table{};
+        table.count = static_cast<int>(std::min<size_t>(kMaxRuns, runs.size() - first));
+        int64_t tiles = 0;
+        for (int i = 0; i < table.count; ++i) {
+            table.run[i] = runs[first + i];
+            table.run[i].first_tile = tiles;
+            const int64_t packets = (std::max(table.run[i].row_numel, table.run[i].last_numel) + VEC - 1) / VEC;
+            tiles += (packets + kThreads * kUnroll - 1) / (kThreads * kUnroll);
+        }
+        const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(rows.rows));
+        dequantize_kernel<Fmt, VEC, Index, kBlocked, kWhole>
+            <<<grid, kThreads, 0, stream>>>(rows.codes, rows.scales, rows.strides, table,
+                                            static_cast<Index>(rows.group_size), static_cast<Index>(rows.block_numel),
+                                            static_cast<Index>(block_groups));
+    }
 }
 
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
+// Sorts the runs into the kernel's instantiations and launches each class: packets 16 bytes wide where the run's
+// codes and output rows start on 16-byte boundaries, 32-bit indices (cheaper division) while neither packet index
+// arithmetic nor the layout's sizes overflow them, one scale per packet where packets cannot straddle groups.
+// A blocked layout (block_numel not a multiple of group_size) comes in one run from column 0.
 template <typename Fmt>
-void launch(const int8_t* codes,
-            const float* scales,
-            void* out,
-            const Rows& rows,
-            int64_t group_size,
-            int64_t block_numel,
-            cudaStream_t stream)
+void launch(const Rows& rows, const std::vector<Run>& runs, cudaStream_t stream)
 {
     using Bits = typename Fmt::Bits;
     constexpr int kVec = 16 / sizeof(Bits);
-    if (rows.rows == 0 || rows.row_numel == 0) return;
-    const bool aligned = aligned16(codes) && aligned16(out) && rows.strides.codes % 16 == 0 &&
-                         (rows.strides.out * static_cast<int64_t>(sizeof(Bits))) % 16 == 0;
-    // 32-bit indices (cheaper division) while neither packet index arithmetic nor the layout's sizes overflow them.
     const int64_t limit = int64_t(1) << 32;
-    const bool narrow = rows.base + rows.row_numel + kThreads * kUnroll * kVec < limit && group_size < limit &&
-                        block_numel < limit;
-    Bits* bits = static_cast<Bits*>(out);
-    if (aligned && narrow)
-        launch_with<Fmt, kVec, uint32_t>(codes, scales, bits, rows, group_size, block_numel, stream);
-    else if (aligned)
-        launch_with<Fmt, kVec, uint64_t>(codes, scales, bits, rows, group_size, block_numel, stream);
-    else
-        launch_with<Fmt, 1, uint64_t>(codes, scales, bits, rows, group_size, block_numel, stream);
+    const bool blocked = rows.block_numel % rows.group_size != 0;
+    // classes: [wide packets, 32-bit][wide packets, 64-bit][one element] x [one scale per packet, per element]
+    std::vector<Run> classes[3][2];
+    for (const Run& run : runs) {
+        if (rows.rows == 0 || run.row_numel == 0) continue;
+        const bool aligned = aligned16(rows.codes + run.base) && aligned16(run.out) && rows.strides.codes % 16 == 0 &&
+                             (run.out_stride * static_cast<int64_t>(sizeof(Bits))) % 16 == 0;
+        const bool narrow = run.base + run.row_numel + kThreads * kUnroll * kVec < limit &&
+                            rows.group_size < limit && rows.block_numel < limit;
+        const int vec = aligned ? kVec : 1;
+        const bool whole = !blocked && rows.group_size % vec == 0 && run.base % vec == 0;
+        classes[aligned ? (narrow ? 0 : 1) : 2][whole ? 0 : 1].push_back(run);
+    }
+    if (blocked) {
+        launch_runs<Fmt, kVec, uint32_t, true, false>(rows, classes[0][1], stream);
+        launch_runs<Fmt, kVec, uint64_t, true, false>(rows, classes[1][1], stream);
+        launch_runs<Fmt, 1, uint64_t, true, false>(rows, classes[2][1], stream);
+        return;
+    }
+    launch_runs<Fmt, kVec, uint32_t, false, true>(rows, classes[0][0], stream);
+    launch_runs<Fmt, kVec, uint32_t, false, false>(rows, classes[0][1], stream);
+    launch_runs<Fmt, kVec, uint64_t, false, true>(rows, classes[1][0], stream);
+    launch_runs<Fmt, kVec, uint64_t, false, false>(rows, classes[1][1], stream);
+    launch_runs<Fmt, 1, uint64_t, false, true>(rows, classes[2][0], stream);
 }
 
 }  // namespace
@@ -206,10 +235,9 @@ void launch_dequantize(Format format,
                        int64_t block_numel,
                        cudaStream_t stream)
 {
-    const Rows layout{1, numel, numel, {0, 0, 0}, 0};
-    dispatch_format(format, [&](auto fmt) {
-        launch<decltype(fmt)>(codes, scales, out, layout, group_size, block_numel, stream);
-    });
+    const Rows rows{codes, scales, 1, {0, 0}, group_size, block_numel};
+    const std::vector<Run> runs{Run{0, numel, numel, 0, out, 0}};
+    dispatch_format(format, [&](auto fmt) { launch<decltype(fmt)>(rows, runs, stream); });
 }
 
 void launch_dequantize_rows(Format format,
@@ -224,30 +252,32 @@ void launch_dequantize_rows(Format format,
 {
     if (count == 0) return;
     const int64_t used = (count + row_numel - 1) / row_numel;
-    const RowStrides strides = used == 1 ? RowStrides{0, 0, 0} : RowStrides{row_stride, row_stride / 4, row_numel};
-    const Rows layout{used, row_numel, count - (used - 1) * row_numel, strides, 0};
-    dispatch_format(format, [&](auto fmt) {
-        launch<decltype(fmt)>(codes, scales, out, layout, group_size, group_size, stream);
-    });
+    const Rows rows{codes, scales, used, used == 1 ? RowStrides{0, 0} : RowStrides{row_stride, row_stride / 4},
+                    group_size, group_size};
+    const std::vector<Run> runs{Run{0, row_numel, count - (used - 1) * row_numel, row_numel, out, 0}};
+    dispatch_format(format, [&](auto fmt) { launch<decltype(fmt)>(rows, runs, stream); });
 }
 
-void launch_dequantize_rows_into(Format format,
-                                 const int8_t* codes,
-                                 const float* scales,
-                                 int64_t row_stride,
-                                 int64_t first_column,
-                                 void* out,
-                                 int64_t rows,
-                                 int64_t row_numel,
-                                 int64_t group_size,
-                                 cudaStream_t stream)
+void launch_dequantize_parts(const int8_t* codes,
+                             const float* scales,
+                             int64_t row_stride,
+                             int64_t rows,
+                             const Part* parts,
+                             int64_t count,
+                             int64_t group_size,
+                             cudaStream_t stream)
 {
-    if (rows == 0 || row_numel == 0) return;
-    const RowStrides strides = rows == 1 ? RowStrides{0, 0, 0} : RowStrides{row_stride, row_stride / 4, row_numel};
-    const Rows layout{rows, row_numel, row_numel, strides, first_column};
-    dispatch_format(format, [&](auto fmt) {
-        launch<decltype(fmt)>(codes, scales, out, layout, group_size, group_size, stream);
-    });
+    if (rows == 0) return;
+    const Rows layout{codes, scales, rows, rows == 1 ? RowStrides{0, 0} : RowStrides{row_stride, row_stride / 4},
+                      group_size, group_size};
+    for (Format format : {Format::kHalf, Format::kBFloat16, Format::kFloat}) {
+        std::vector<Run> runs;
+        for (int64_t i = 0; i < count; ++i)
+            if (parts[i].format == format)
+                runs.push_back(Run{parts[i].first_column, parts[i].numel, parts[i].numel, parts[i].numel,
+                                   parts[i].out, 0});
+        if (!runs.empty()) dispatch_format(format, [&](auto fmt) { launch<decltype(fmt)>(layout, runs, stream); });
+    }
 }
 
 }  // namespace dszpp

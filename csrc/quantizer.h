@@ -50,19 +50,25 @@ void launch_dequantize_rows(Format format,
                             int64_t group_size,
                             cudaStream_t stream);
 
-// Columns [first_column, first_column + row_numel) of `rows` such rows (one parameter's part of every rank's packet):
-// `codes` points at the first row's column first_column, `scales` at the first row's first scale, and the group of
-// column c is c / group_size. Writes each row's values back to back into out (rows of row_numel; at most 65535 rows).
-void launch_dequantize_rows_into(Format format,
-                                 const int8_t* codes,
-                                 const float* scales,
-                                 int64_t row_stride,
-                                 int64_t first_column,
-                                 void* out,
-                                 int64_t rows,
-                                 int64_t row_numel,
-                                 int64_t group_size,
-                                 cudaStream_t stream);
+// One parameter's part of every row (launch_dequantize_parts): columns [first_column, first_column + numel) of each
+// row, written to out row after row (a contiguous [rows, numel] buffer of `format`).
+struct Part {
+    Format format;
+    int64_t first_column, numel;
+    void* out;
+};
+
+// Rows as in launch_dequantize_rows (`codes` at row 0's column 0), the group of column c being c / group_size; writes
+// each of the `count` parts. One kernel per output format and kind of part (alignment, index width) for every 16
+// parts; at most 65535 rows.
+void launch_dequantize_parts(const int8_t* codes,
+                             const float* scales,
+                             int64_t row_stride,
+                             int64_t rows,
+                             const Part* parts,
+                             int64_t count,
+                             int64_t group_size,
+                             cudaStream_t stream);
 
 // qgZ, groups of int4::kGroup values. A block of `rows` rows holds rows * padded_chunk / 2 bytes of codes, then one
 // fp32 scale per group. Encode writes one block per destination d: row m quantizes chunk (m * destinations + d) of

@@ -13,6 +13,8 @@ everything those checks read (tensor types, dtypes, devices, sizes, the argument
 with an equal key passed the same checks, so it only tests contiguity, which the key leaves out, and calls the
 remembered entry point. Arguments that cannot form a key take the checked path every time.
 """
+import itertools
+
 import torch
 
 from .formats.dtypes import DEFAULT_DEQUANT_DTYPE, SUPPORTED_DTYPES, check_float_dtype, check_wire_tensors
@@ -389,9 +391,10 @@ def dequantize_packed_parts(received, layout, parts, dtypes, backend="auto"):
     holding that part of every rank in rank order (``ranks * parts[i]`` values), each its own allocation. A bucket's
     wait hands each parameter one such tensor.
 
-    Where the backend writes parts in place (``WRITES_PARTS``, ``dequantize_rows_into``) each part costs one call
-    straight into its tensor; otherwise one dequantize of every rank's block (in the common dtype, fp32 when mixed)
-    and one copy per part. The values are the same: each is code times scale in fp32, rounded once to its dtype."""
+    Where the backend writes parts in place (``WRITES_PARTS``, ``dequantize_parts_into``) one call writes every
+    part straight into its tensor; otherwise one dequantize of every rank's block (in the common dtype, fp32 when
+    mixed) and one copy per part. The values are the same: each is code times scale in fp32, rounded once to its
+    dtype."""
     ranks = _received_ranks(received, layout)
     if len(parts) != len(dtypes):
         raise ValueError(f"{len(parts)} parts but {len(dtypes)} dtypes; pass one dtype per part")
@@ -405,14 +408,11 @@ def dequantize_packed_parts(received, layout, parts, dtypes, backend="auto"):
     device = received.device
     impl = resolve_backend(backend, device)
     if getattr(impl, "WRITES_PARTS", False):
-        into = impl.dequantize_rows_into
         codes, scales = _packet_views(received.view(ranks, layout.nbytes), layout)
-        outs, at = [], 0
-        for part, dtype in zip(parts, dtypes):
-            out = torch.empty(ranks * part, dtype=dtype, device=device)
-            into(codes.narrow(1, at, part), scales, layout.gathered, at, out.view(ranks, part))
-            outs.append(out)
-            at += part
+        outs = [torch.empty(ranks * part, dtype=dtype, device=device) for part, dtype in zip(parts, dtypes)]
+        firsts = list(itertools.accumulate(parts, initial=0))[:-1]
+        impl.dequantize_parts_into(codes, scales, layout.gathered, firsts,
+                                   [out.view(ranks, part) for out, part in zip(outs, parts)])
         return outs
     if ranks == 0:
         return [torch.empty(0, dtype=dtype, device=device) for dtype in dtypes]

@@ -6,8 +6,8 @@ ZeRO-3 weight fetches cost in collectives and operations, and whether packets ca
   their own; ``float32`` also counts fp32 scales sent on their own), and ``packets``: packet all-gathers issued by
   the fetch seam (``PacketGather`` handles made). Name this module before others whose ``after_training`` gathers.
 - a run with ``parts_in_place`` has the torch backend write each parameter's part of a bucket's packets straight
-  into its buffer (``WRITES_PARTS``, ``dequantize_rows_into``; off in the others) and reports in ``packets`` how
-  many parts it wrote so (``parts_in_place``).
+  into its buffer (``WRITES_PARTS``, ``dequantize_parts_into``; off in the others) and reports in ``packets`` how
+  many bucket waits wrote their parts so (``parts_in_place``).
 - every run reports ``persistent``: how many persistent parameters the optimizer gathers after every step, and
   in how many dtypes; ``secondary_writes_skipped``: hpZ secondary partitions left unwritten inside optimizer steps
   (``patching/seams/secondary.py``); with ``hpz``, ``secondary_writes_due``: those DeepSpeed would write there (the
@@ -104,7 +104,7 @@ def before_step(job, step):
     packets = job.counters("packets")
     packets.spy(fetch.PacketGather, "__init__", "packet_all_gathers")
     if job.run.get("parts_in_place"):
-        packets.spy(torch_ref, "dequantize_rows_into", "parts_in_place")
+        packets.spy(torch_ref, "dequantize_parts_into", "parts_in_place")
 
 
 class _Ops(TorchDispatchMode):

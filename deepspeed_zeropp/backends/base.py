@@ -35,10 +35,10 @@ class Backend(Protocol):
     gathered buffer (``codes`` [k, n] and ``scales`` [k, G], strided views; ``layout``: the packets' ``gathered``,
     one block per row) into a new [k, n] tensor. Without them ``ops`` copies into and out of the packets around
     ``quantize`` / ``dequantize`` (same values, more copies; ``torch_ref`` and ``cuda`` offer both).
-    ``dequantize_rows_into(codes, scales, layout, first_column, out)`` writes columns ``first_column`` on of such
-    rows (``codes`` a [k, n] view from that column, ``scales`` the rows' whole [k, G]) into a contiguous [k, n]
-    ``out``: one parameter's part of every rank, straight into its buffer; ``ops.dequantize_packed_parts`` calls it
-    where the module's ``WRITES_PARTS`` is true."""
+    ``dequantize_parts_into(codes, scales, layout, first_columns, outs)`` writes columns ``first_columns[i]`` on of
+    such rows (``codes`` and ``scales`` the rows' whole [k, n] and [k, G]) into ``outs[i]``, a contiguous [k, m_i]:
+    each parameter's part of every rank, straight into its buffer; ``ops.dequantize_packed_parts`` calls it where
+    the module's ``WRITES_PARTS`` is true."""
 
     NAME: str
     SERVES_QGZ: bool

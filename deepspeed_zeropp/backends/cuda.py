@@ -180,23 +180,26 @@ def dequantize_ranks(codes, scales, layout, dtype):
     return (_module or _extension()).dequantize_rows(codes, scales, layout.group_size, _FORMAT_IDS[dtype])
 
 
-# Whether ops.dequantize_packed_parts calls dequantize_rows_into (one kernel per part, straight into its buffer,
-# instead of one dequantize of the whole bucket and a copy per part). The kernel passes tests/gpu/test_packets.py
-# (bit for bit the torch reference), but it is off: benchmarks/results/packets_h100.md measures a 7-parameter
-# bucket's wait slower in place (a kernel call per part costs the host more than a copy), one part's faster.
-WRITES_PARTS = False
+# Whether ops.dequantize_packed_parts calls dequantize_parts_into (every parameter's part straight into its buffer,
+# one kernel for the bucket) instead of one dequantize of the whole bucket and a copy per part.
+# benchmarks/results/packets_h100.md measures the two.
+WRITES_PARTS = True
 
 
-def dequantize_rows_into(codes, scales, layout, first_column, out):
-    """Columns ``first_column`` on of per-rank rows read in place (``codes`` [k, n] from that column, ``scales``
-    [k, G] whole rows: views of a gathered buffer of packets) dequantized into ``out`` (contiguous [k, n], its dtype
-    the output's), one kernel per ``ROWS_LIMIT`` rows; each row one block of ``layout`` (the packets'
-    ``gathered``)."""
+def dequantize_parts_into(codes, scales, layout, first_columns, outs):
+    """Parts of per-rank rows read in place (``codes`` [k, n] and ``scales`` [k, G], the rows' whole codes and
+    scales: views of a gathered buffer of packets), part i being columns ``first_columns[i]`` on, written into
+    ``outs[i]`` (contiguous [k, m_i], its dtype the output's); each row one block of ``layout`` (the packets'
+    ``gathered``). One kernel for all the parts (one per output dtype where they differ) per ``ROWS_LIMIT`` rows."""
     extension = _module or _extension()
-    for at in range(0, codes.shape[0], ROWS_LIMIT):
-        rows = min(ROWS_LIMIT, codes.shape[0] - at)
-        extension.dequantize_rows_into(codes.narrow(0, at, rows), scales.narrow(0, at, rows), layout.group_size,
-                                       first_column, out.narrow(0, at, rows))
+    rows = codes.shape[0]
+    if rows <= ROWS_LIMIT:
+        extension.dequantize_parts_into(codes, scales, layout.group_size, first_columns, outs)
+        return
+    for at in range(0, rows, ROWS_LIMIT):
+        count = min(ROWS_LIMIT, rows - at)
+        extension.dequantize_parts_into(codes.narrow(0, at, count), scales.narrow(0, at, count), layout.group_size,
+                                        first_columns, [out.narrow(0, at, count) for out in outs])
 
 
 def _check_qgz(condition, message):

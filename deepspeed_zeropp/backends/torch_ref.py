@@ -71,19 +71,20 @@ def dequantize_ranks(codes, scales, layout, dtype):
     return values.view(ranks, numel).to(dtype)
 
 
-# Whether ops.dequantize_packed_parts calls dequantize_rows_into. Not here: on the CPU one dequantize of the bucket
+# Whether ops.dequantize_packed_parts calls dequantize_parts_into. Not here: on the CPU one dequantize of the bucket
 # and one copy per part take fewer host calls than a group index per part; the function is the reference that the
 # native backend's is tested against.
 WRITES_PARTS = False
 
 
-def dequantize_rows_into(codes, scales, layout, first_column, out):
-    """Columns ``first_column`` on of per-rank rows, read in place, into ``out``: ``codes`` [k, n] a view of the
-    rows' codes from that column, ``scales`` [k, G] the rows' whole scales, each row one block of ``layout`` (the
-    packets' ``gathered``); ``out`` a contiguous [k, n] tensor of the output dtype. The same arithmetic as
-    ``dequantize_ranks`` on the whole rows."""
-    columns = torch.arange(first_column, first_column + codes.shape[1], device=codes.device)
-    out.copy_(codes.float() * scales[:, layout.group_of(columns)])
+def dequantize_parts_into(codes, scales, layout, first_columns, outs):
+    """Parts of per-rank rows, read in place, each into its own buffer: ``codes`` [k, n] and ``scales`` [k, G] the
+    rows' whole codes and scales, each row one block of ``layout`` (the packets' ``gathered``); part i is columns
+    ``first_columns[i]`` on, written into ``outs[i]`` (a contiguous [k, m_i] tensor of the output dtype). The same
+    arithmetic as ``dequantize_ranks`` on the whole rows."""
+    for first, out in zip(first_columns, outs):
+        columns = torch.arange(first, first + out.shape[1], device=codes.device)
+        out.copy_(codes.narrow(1, first, out.shape[1]).float() * scales[:, layout.group_of(columns)])
 
 
 def _quantize_int4(values, feedback):

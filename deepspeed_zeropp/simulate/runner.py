@@ -32,11 +32,14 @@ class Config(NamedTuple):
     zero: dict
     multi_node: bool = False  # qgZ and hpZ need 2 or more nodes (DeepSpeed refuses qgZ's groups on one)
     exclude: tuple = ()  # patch sites left out: to measure what one seam buys
+    parts_in_place: bool = True  # the CUDA backend's WRITES_PARTS: a bucket's wait in one kernel, or copies
 
 
 CONFIGS = {  # the order within a repetition
     "unquantized": Config("unquantized", False, {}),
     "ours-qwz": Config("ours qwZ", True, QWZ),
+    # ours with each bucket's wait dequantizing the whole bucket and copying every parameter's part out of it
+    "ours-qwz-bucket-copies": Config("ours qwZ, buckets dequantized whole and copied", True, QWZ, parts_in_place=False),
     # ours without the packet seam: codes and scales in two all-gathers each, as upstream sends them
     "ours-qwz-two-gathers": Config("ours qwZ, two all-gathers", True, QWZ, exclude=(PACKET_SITE, )),
     "upstream-qwz": Config("upstream qwZ", False, QWZ),
@@ -120,8 +123,10 @@ def ds_config(config, shape, topology, micro_batch, dtype, reuse_distance=None, 
 
 
 def set_patch(config):
+    from ..backends import cuda
     from ..patching import apply
     apply.unpatch()
+    cuda.WRITES_PARTS = config is None or config.parts_in_place
     if config is not None and config.patched:
         apply.patch(exclude=config.exclude)
 

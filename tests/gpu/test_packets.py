@@ -80,11 +80,12 @@ PARTS = [(1, 7, 2047, 2049, 0, 3897), (8000, 16000, 16000), (8, 16, 24, 4096, 10
 @pytest.mark.parametrize("parts", PARTS)
 @pytest.mark.parametrize("out_dtype", DTYPES + ["mixed"])
 @pytest.mark.parametrize("ranks", [1, 3])
-def test_parts_written_in_place_match_the_torch_reference(parts, out_dtype, ranks, monkeypatch):
-    """The kernel that writes one part of every rank straight into its buffer (``dequantize_rows_into``, its column
-    offset): bit for bit the torch reference, with the native backend's WRITES_PARTS on."""
+@pytest.mark.parametrize("in_place", [True, False])
+def test_parts_match_the_torch_reference(parts, out_dtype, ranks, in_place, monkeypatch):
+    """A bucket's wait on the native backend, its parts written in place (``WRITES_PARTS``: ``dequantize_parts_into``,
+    every part's column offset) or dequantized once and copied: bit for bit the torch reference."""
     from deepspeed_zeropp.backends import cuda
-    monkeypatch.setattr(cuda, "WRITES_PARTS", True)
+    monkeypatch.setattr(cuda, "WRITES_PARTS", in_place)
     dtypes = [DTYPES[i % 3] if out_dtype == "mixed" else out_dtype for i in range(len(parts))]
     tensors = _parts(sum(parts) + 5, ranks, torch.bfloat16)
     received, layout = _gathered(tensors, "cuda")
@@ -96,16 +97,40 @@ def test_parts_written_in_place_match_the_torch_reference(parts, out_dtype, rank
         assert_bitwise(out.cpu(), want)
 
 
-def test_parts_cost_one_kernel_each(monkeypatch):
-    """In place, a bucket of n parameters costs n kernels (no dequantize of the whole bucket, no copies)."""
-    from deepspeed_zeropp.backends import cuda
-    monkeypatch.setattr(cuda, "WRITES_PARTS", True)
-    received, layout = _gathered(_parts(24000, 4, torch.bfloat16), "cuda")
-    parts, dtypes = [8000, 8000, 8000], [torch.bfloat16] * 3
-    ops.dequantize_packed_parts(received, layout, parts, dtypes, backend="cuda")
+def _kernels_of(fn):
+    fn()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-        ops.dequantize_packed_parts(received, layout, parts, dtypes, backend="cuda")
+        fn()
         torch.cuda.synchronize()
-    kernels = [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
-    assert len(kernels) == 3, kernels
+    return [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.parametrize("count, kernels", [(1, 1), (3, 1), (16, 1), (17, 2), (40, 3)])
+def test_a_bucket_costs_one_kernel_per_16_parts(count, kernels):
+    """In place, a bucket's parts of one dtype that start on 16-byte boundaries cost one kernel for every 16 (no
+    dequantize of the whole bucket, no copies), and their values are the torch reference's."""
+    parts, dtypes = [64 * (i % 5 + 1) for i in range(count)], [torch.bfloat16] * count
+    tensors = _parts(sum(parts), 4, torch.bfloat16)
+    received, layout = _gathered(tensors, "cuda")
+    expected_received, _ = _gathered([t.cpu() for t in tensors], "torch")
+    launched = _kernels_of(lambda: ops.dequantize_packed_parts(received, layout, parts, dtypes, backend="cuda"))
+    assert len(launched) == kernels, launched
+    outs = ops.dequantize_packed_parts(received, layout, parts, dtypes, backend="cuda")
+    for out, want in zip(outs, ops.dequantize_packed_parts(expected_received, layout, parts, dtypes, "torch")):
+        assert_bitwise(out.cpu(), want)
+
+
+def test_parts_past_the_rows_limit():
+    """More ranks than one kernel reads rows (``cuda.ROWS_LIMIT``): the parts are written in slices of rows."""
+    from deepspeed_zeropp.backends import cuda
+    ranks = cuda.ROWS_LIMIT + 3
+    parts, dtypes = [5, 11], [torch.float32, torch.bfloat16]
+    tensor = torch.randn(16, generator=torch.Generator().manual_seed(0))
+    codes, _ = ops.quantize_packed(tensor, backend="torch")
+    info = ops.packet_of(codes)
+    received = info.buffer.repeat(ranks)
+    outs = ops.dequantize_packed_parts(received.cuda(), info.layout, parts, dtypes, backend="cuda")
+    expected = ops.dequantize_packed_parts(received, info.layout, parts, dtypes, backend="torch")
+    for out, want in zip(outs, expected):
+        assert_bitwise(out.cpu(), want)

@@ -40,7 +40,7 @@ def in_place(name, **run):
 
 
 def assert_in_place_like_packed(result, name):
-    """Parts written in place (the torch backend's dequantize_rows_into): bit for bit the same training."""
+    """Parts written in place (the torch backend's dequantize_parts_into): bit for bit the same training."""
     runs = result["runs"]
     packed, written = runs[name], runs[f"{name}_in_place"]
     assert "error" not in written, written.get("traceback")

@@ -100,7 +100,7 @@ def _expected_parts(received, layout, parts, dtypes):
 @pytest.mark.parametrize("in_place", [False, True])
 def test_dequantize_packed_parts(parts, dtype, ranks, in_place, monkeypatch):
     """A bucket's wait: each part of every rank in its own new buffer of its own dtype, bit for bit the whole rows'
-    values, whether the backend writes the parts in place (``dequantize_rows_into``, its column offsets) or the
+    values, whether the backend writes the parts in place (``dequantize_parts_into``, their column offsets) or the
     bucket is dequantized once and copied per part."""
     monkeypatch.setattr(torch_ref, "WRITES_PARTS", in_place)
     dtypes = [DTYPES[i % 3] if dtype == "mixed" else dtype for i in range(len(parts))]
