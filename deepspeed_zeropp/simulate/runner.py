@@ -45,6 +45,11 @@ CONFIGS = {  # the order within a repetition
     "upstream-qwz": Config("upstream qwZ", False, QWZ),
     "ours-qwz-qgz": Config("ours qwZ+qgZ", True, QGZ, True),
     "upstream-qwz-qgz": Config("upstream qwZ+qgZ", False, QGZ, True),
+    "ours-qwz-qgz-bucket-copies": Config("ours qwZ+qgZ, buckets dequantized whole and copied",
+                                         True,
+                                         QGZ,
+                                         True,
+                                         parts_in_place=False),
     "ours-qwz-qgz-hpz": Config("ours qwZ+qgZ+hpZ", True, HPZ, True),
     "upstream-qwz-qgz-hpz": Config("upstream qwZ+qgZ+hpZ", False, HPZ, True),
     # ours with Init's coalesced gather left to DeepSpeed: one all-gather per persistent parameter after a step
