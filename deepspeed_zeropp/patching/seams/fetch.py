@@ -9,9 +9,9 @@ A fetch, as DeepSpeed's closures make it (every release since 0.14.4): quantize 
 parameters (our quantizer returns codes and scales as views of one packet, ``ops.quantize_packed``), all-gather
 the codes, then the scales, through ``partition_parameters._dist_allgather_fn``; later wait on the handle, which
 dequantizes and splits the gathered buffer per parameter and per rank. Here the codes' call sends the whole
-packet and the scales' call sends nothing; a bucket's wait dequantizes every rank's packet in one call and copies
-each parameter's values into its own buffer, one copy per parameter instead of a narrow per rank and a
-concatenation.
+packet and the scales' call sends nothing; a bucket's wait writes each parameter's values of every rank's packet
+into a buffer of its own (``ops.dequantize_packed_parts``: one kernel for the bucket on the CUDA backend, one
+dequantize and a copy per parameter elsewhere) instead of a narrow per rank and a concatenation.
 """
 import torch
 

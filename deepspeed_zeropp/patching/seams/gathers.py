@@ -98,10 +98,10 @@ def bucket_gather(original):
     mixed) and casting each slice once keeps every dtype and its precision.
 
     Seam factory for ``AllGatherCoalescedHandle.wait``. A bucket whose fetch sent packets is completed by the
-    fetch protocol (``fetch.complete_bucket``: one dequantize, one copy per parameter, no per-rank split); other
-    quantized buckets run the original under the common dequantize target of dtype_scoped. Each rank quantized the
-    concatenation of its partitions of the bucket, one block per rank; a bucket of stored MixZ++ codes instead has
-    one block per partition and rank, and float views of those partitions."""
+    fetch protocol (``fetch.complete_bucket``: each parameter's values written into its buffer, no per-rank
+    split); other quantized buckets run the original under the common dequantize target of dtype_scoped. Each rank
+    quantized the concatenation of its partitions of the bucket, one block per rank; a bucket of stored MixZ++ codes
+    instead has one block per partition and rank, and float views of those partitions."""
 
     def wrapper(handle, *args, **kwargs):
         if not getattr(handle, "quantization", None) or getattr(handle, "complete", False):
