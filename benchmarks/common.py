@@ -6,10 +6,12 @@ benchmark's rendering step runs where neither is installed. The configurations a
 ``python -m deepspeed_zeropp simulate`` come from the package (``deepspeed_zeropp.simulate.runner.CONFIGS``), never
 from here: the package does not import from benchmarks/.
 """
+import json
 import os
 import platform
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,3 +106,19 @@ def paired_ratio(values, references):
     low, high = min(paired), max(paired)
     beyond_noise = low > 1 or high < 1
     return dict(ratio=statistics.median(paired), low=low, high=high, n=len(paired), beyond_noise=beyond_noise)
+
+
+def per_world_size(script, world_sizes, arguments, env=None):
+    """{world size: what ``script --one N *arguments`` prints as JSON on its last line}, each world size in a process
+    of its own (a process holds one simulated world); exits naming the world size whose process failed."""
+    results = {}
+    for world_size in world_sizes:
+        child = subprocess.run(
+            [sys.executable, str(script), "--one", str(world_size), *arguments],
+            capture_output=True,
+            text=True,
+            env=env)
+        if child.returncode != 0:
+            sys.exit(f"{Path(script).stem}: {world_size} ranks failed:\n{child.stderr[-4000:]}")
+        results[world_size] = json.loads(child.stdout.strip().splitlines()[-1])
+    return results

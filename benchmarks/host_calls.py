@@ -19,12 +19,11 @@ import cProfile
 import json
 import os
 import pstats
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import commit  # noqa: E402
+from benchmarks.common import commit, per_world_size  # noqa: E402
 
 SHAPE = dict(layers=4, width=256, heads=4, vocab=1024, seq=64)  # small: the counts, not the arithmetic, matter
 WHERE = {"cpu": "the CPU (pure-torch backend)", "cuda": "one GPU (our CUDA backend; upstream: DeepSpeed's op)"}
@@ -188,21 +187,10 @@ def main():
     if args.one:
         print(json.dumps(count(args.configs, args.one, args.steps, args.device)))
         return
-    results = {}
-    for world_size in args.world_sizes:
-        child = subprocess.run([
-            sys.executable, __file__, "--one",
-            str(world_size), "--steps",
-            str(args.steps), "--device", args.device, "--configs", *args.configs
-        ],
-                               capture_output=True,
-                               text=True,
-                               env=dict(os.environ, **({
-                                   "DS_ACCELERATOR": "cpu"
-                               } if args.device == "cpu" else {})))
-        if child.returncode != 0:
-            sys.exit(f"host_calls: {world_size} ranks failed:\n{child.stderr[-4000:]}")
-        results[world_size] = json.loads(child.stdout.strip().splitlines()[-1])
+    env = dict(os.environ, **({"DS_ACCELERATOR": "cpu"} if args.device == "cpu" else {}))
+    results = per_world_size(
+        __file__, args.world_sizes,
+        ["--steps", str(args.steps), "--device", args.device, "--configs", *args.configs], env)
     commit_id = commit()
     args.out.mkdir(parents=True, exist_ok=True)
     name = "host_calls" if args.device == "cpu" else "host_calls_cuda"

@@ -20,12 +20,11 @@ import collections
 import contextlib
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import commit  # noqa: E402
+from benchmarks.common import commit, per_world_size  # noqa: E402
 
 SHAPE = dict(layers=24, width=1024, heads=8, vocab=4096, seq=64)
 REUSE_DISTANCE = 250_000_000  # DeepSpeed's default (1e9) times (1024 / 2048)^2
@@ -202,19 +201,9 @@ def main():
     if args.one:
         print(json.dumps(count(args.configs, args.one, args.steps)))
         return
-    results = {}
-    for world_size in args.world_sizes:
-        child = subprocess.run([
-            sys.executable, __file__, "--one",
-            str(world_size), "--steps",
-            str(args.steps), "--configs", *args.configs
-        ],
-                               capture_output=True,
-                               text=True,
-                               env=dict(os.environ, DS_ACCELERATOR="cpu"))
-        if child.returncode != 0:
-            sys.exit(f"launches: {world_size} ranks failed:\n{child.stderr[-4000:]}")
-        results[world_size] = json.loads(child.stdout.strip().splitlines()[-1])
+    results = per_world_size(__file__,
+                             args.world_sizes, ["--steps", str(args.steps), "--configs", *args.configs],
+                             env=dict(os.environ, DS_ACCELERATOR="cpu"))
     commit_id = commit()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "launches.json").write_text(json.dumps({"commit": commit_id, "results": results}, indent=1))
