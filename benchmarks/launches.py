@@ -6,13 +6,14 @@ collectives free), every ATen op the step dispatches counted under a dispatch mo
 GPU (views, allocations, metadata), every collective one launch (NCCL's one kernel), and every call into the
 quantization backend one launch (the CUDA backend's one kernel per call; its bucket wait writes parts in place
 where its ``WRITES_PARTS`` says so, and the count follows that switch). The ops inside collectives and backend
-calls are not counted again.
+calls are not counted again. What the CPU world cannot tell apart: an op that a GPU job would run on a host tensor
+counts as a launch too. Upstream's quantizer op has no CPU build, so its configurations cannot be counted here.
 
 The model has the 1.4B GPT's structure at width 1024 (24 layers: the HF Trainer's "auto" buckets scale with
 width^2, so every fetch holds the same parameters as at 2048) and DeepSpeed's ``stage3_max_reuse_distance`` scaled
 by the same factor (2.5e8), so that backward re-fetches the weights it re-fetches at 1.4B.
 
-    python benchmarks/launches.py [--world-sizes 8 64] [--configs unquantized ours-qwz upstream...] [--steps 1]
+    python benchmarks/launches.py [--world-sizes 8 64] [--configs unquantized ours-qwz ours-qwz-qgz] [--steps 1]
 writes results/launches.md and results/launches.json. Counts are exact: the same tree gives the same figures.
 """
 import argparse
