@@ -45,19 +45,26 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("rank", [0, WORLD - 1])
-@pytest.mark.parametrize("case", CASES, ids=list(CASES))
-def test_plain_reduce_scatter_matches_the_reference(case, rank, monkeypatch):
+def check_plain(case, rank, device, monkeypatch):
+    """qgz.reduce_scatter_plain on ``device`` against the reference computed on the CPU (fp32 sums in one order,
+    one product, one rounding: the same bits on either device); the gradients unchanged."""
     monkeypatch.setattr(deepspeed.comm, "reduce_scatter_fn", _fake_reduce_scatter(WORLD, rank), raising=False)
     gen = torch.Generator().manual_seed(rank)
-    tensors = [(torch.randn(shape, generator=gen) * 3).to(dtype) for dtype, shape in CASES[case]]
-    kept = [t.clone() for t in tensors]
+    kept = [(torch.randn(shape, generator=gen) * 3).to(dtype) for dtype, shape in CASES[case]]
+    tensors = [t.to(device) for t in kept]
     factor = qgz.mean_factor(WORLD)
     results = qgz.reduce_scatter_plain(tensors, WORLD, rank, factor)
     for tensor, before, result in zip(tensors, kept, results):
-        expected = _expected(tensor, WORLD, rank, factor)
-        assert result.dtype == tensor.dtype and torch.equal(result, expected), (case, tensor.shape)
-        assert torch.equal(tensor, before)  # the gradients are read, never written
+        expected = _expected(before, WORLD, rank, factor)
+        assert result.device == tensor.device and result.dtype == tensor.dtype, (case, tensor.shape)
+        assert torch.equal(result.cpu(), expected), (case, tensor.shape)
+        assert torch.equal(tensor.cpu(), before)  # the gradients are read, never written
+
+
+@pytest.mark.parametrize("rank", [0, WORLD - 1])
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_plain_reduce_scatter_matches_the_reference(case, rank, monkeypatch):
+    check_plain(case, rank, "cpu", monkeypatch)
 
 
 def test_only_empty_tensors_send_nothing(monkeypatch):
