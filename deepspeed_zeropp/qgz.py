@@ -67,23 +67,18 @@ def reduce_scatter_plain(tensors, world, rank, factor):
     if sum(chunks) == 0:  # no tensors, or only empty ones: nothing to send
         return [torch.empty(0, dtype=t.dtype, device=t.device) for t in tensors]
     device = tensors[0].device
-    if len(tensors) == 1 and tensors[0].numel() == world * chunks[0]:
-        # the rows are the tensor's own values: one cast (a copy for fp32, never the tensor itself, which some
-        # process-group backends reduce in place)
-        rows = tensors[0].reshape(world, chunks[0]).to(torch.float32, copy=True)
-    else:
-        exact = all(t.numel() == world * chunk for t, chunk in zip(tensors, chunks))
-        rows = (torch.empty if exact else torch.zeros)(world, sum(chunks), dtype=torch.float32, device=device)
-        start = 0
-        for tensor, chunk in zip(tensors, chunks):
-            # Row r takes values [r * chunk, (r + 1) * chunk) straight from the tensor; what lies past its end stays
-            # zero.
-            flat = tensor.reshape(-1)
-            full, rest = divmod(tensor.numel(), chunk) if chunk else (0, 0)
-            rows[:full, start:start + chunk] = flat[:full * chunk].view(full, chunk)
-            if rest:
-                rows[full, start:start + rest] = flat[full * chunk:]
-            start += chunk
+    # Zero-filled only where some tensor does not fill its rows (one copy per tensor otherwise).
+    exact = all(t.numel() == world * chunk for t, chunk in zip(tensors, chunks))
+    rows = (torch.empty if exact else torch.zeros)(world, sum(chunks), dtype=torch.float32, device=device)
+    start = 0
+    for tensor, chunk in zip(tensors, chunks):
+        # Row r takes values [r * chunk, (r + 1) * chunk) straight from the tensor; what lies past its end stays zero.
+        flat = tensor.reshape(-1)
+        full, rest = divmod(tensor.numel(), chunk) if chunk else (0, 0)
+        rows[:full, start:start + chunk] = flat[:full * chunk].view(full, chunk)
+        if rest:
+            rows[full, start:start + rest] = flat[full * chunk:]
+        start += chunk
     summed = torch.empty(rows.shape[1], dtype=torch.float32, device=device)
     dist.reduce_scatter_fn(summed, rows.view(-1))
     # The mean's factor and each dtype's rounding in one kernel per dtype over the whole result, the product taken in
