@@ -61,6 +61,7 @@ def ds_config(run, dtype, batch_size=4):
             zero["offload_param"]["nvme_path"] = run["nvme_path"]
     if run.get("offload_optimizer"):
         zero["offload_optimizer"] = {"device": run["offload_optimizer"]}
+    zero.update(run.get("zero", {}))  # any other zero_optimization keys, e.g. {"stage3_max_reuse_distance": 0}
     if run.get("warmup"):  # [peak lr, steps]: linear warm-up, then constant
         peak, steps = run["warmup"]
         config["scheduler"] = {

@@ -4,7 +4,9 @@ ZeRO-3 weight fetches cost in collectives and operations, and whether packets ca
 - every run reports ``collectives``: all-gathers issued through DeepSpeed's communication backend during the training
   steps, in all (``all_gathers``) and by the dtype of what was sent (``uint8``: packets; ``int8``: codes sent on
   their own; ``float32`` also counts fp32 scales sent on their own), and ``packets``: packet all-gathers issued by
-  the fetch seam (``PacketGather`` handles made). Name this module before others whose ``after_training`` gathers.
+  the fetch seam (``PacketGather`` handles made), ``quantizes`` (packets made) and ``reused`` (packets a forward
+  pass sent again instead of quantizing the partition again: ``fetch.quantize_once``). Name this module before
+  others whose ``after_training`` gathers.
 - a run with ``parts_in_place`` has the torch backend write each parameter's part of a bucket's packets straight
   into its buffer (``WRITES_PARTS``, ``dequantize_parts_into``; off in the others) and reports in ``packets`` how
   many bucket waits wrote their parts so (``parts_in_place``).
@@ -93,6 +95,7 @@ def before_step(job, step):
     if step != 0:
         return
     from deepspeed.comm import comm
+    from deepspeed_zeropp import ops
     from deepspeed_zeropp.backends import torch_ref
     from deepspeed_zeropp.patching.seams import fetch
     backend = type(comm.cdb)
@@ -103,6 +106,8 @@ def before_step(job, step):
         counters.spy(backend, "all_gather_into_tensor", str(dtype).split(".")[1], _dtype_is(dtype))
     packets = job.counters("packets")
     packets.spy(fetch.PacketGather, "__init__", "packet_all_gathers")
+    packets.spy(ops, "quantize_packed", "quantizes")
+    job.reused_before = fetch.KEPT.reused
     if job.run.get("parts_in_place"):
         packets.spy(torch_ref, "dequantize_parts_into", "parts_in_place")
 
@@ -156,6 +161,8 @@ def after_training(job):
     frozen before other instruments gather parameters."""
     for field in ("collectives", "packets"):
         job.result[field] = dict(job.result.get(field, {}))
+    from deepspeed_zeropp.patching.seams import fetch
+    job.result["packets"]["reused"] = fetch.KEPT.reused - job.reused_before
     persistent = getattr(job.engine.optimizer, "persistent_parameters", [])
     job.result["persistent"] = {"params": len(persistent), "dtypes": len({p.ds_tensor.dtype for p in persistent})}
     from deepspeed_zeropp.patching.seams import secondary

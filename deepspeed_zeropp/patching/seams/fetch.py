@@ -12,6 +12,12 @@ dequantizes and splits the gathered buffer per parameter and per rank. Here the 
 packet and the scales' call sends nothing; a bucket's wait writes each parameter's values of every rank's packet
 into a buffer of its own (``ops.dequantize_packed_parts``: one kernel for the bucket on the CUDA backend, one
 dequantize and a copy per parameter elsewhere) instead of a narrow per rank and a concatenation.
+
+Within one forward pass a partition is quantized once (:func:`forward_pass`, :func:`quantize_once`): DeepSpeed
+releases a weight after its forward use when its next use lies beyond ``stage3_max_reuse_distance`` parameters,
+and its prefetcher, reading the step's trace into backward's order, may gather it again before forward ends (with
+the HF Trainer's "auto" buckets, 53 of a 24-layer GPT's 100 weights: ``benchmarks/results/launches.md``). The
+second fetch sends the packet the first one made: the same bytes, one quantize launch fewer.
 """
 import torch
 
@@ -21,6 +27,8 @@ from .common import own_dtype
 
 FETCH_SITE = "partition_parameters._dist_allgather_fn"  # this seam's row name in patching/sites.py
 READERS = ("AllGatherHandle.wait", "AllGatherCoalescedHandle.wait")  # the seams that read packets
+FORWARD_SITE = "DeepSpeedEngine.forward"  # the forward pass within which a partition's packet is kept
+REWRITE_SITE = "Init._partition_param"  # where DeepSpeed rewrites a partition (it forgets the packets)
 
 
 class PacketGather:
@@ -144,3 +152,70 @@ def complete_bucket(handle, dtypes):
         param.data = values.narrow(0, 0, param.ds_numel).view(param.ds_shape)
         param.ds_status = available
     handle.complete = True
+
+
+# --- One quantize per partition and forward pass ----------------------------------------------------------------
+
+
+class _Kept:
+    """The packets quantized in the forward pass running now (``forward_pass``): ``packets`` maps id(partition) to
+    (partition, its ``_version``, its ``data_ptr()``, (codes, scales)); ``reused`` counts the quantizes saved since
+    the patch was loaded (the tests read it)."""
+    open = False
+    packets = {}
+    reused = 0
+
+
+KEPT = _Kept()
+
+
+def forget_packets():
+    """Drop every kept packet: a partition may have been written (``Init._partition_param`` with
+    ``has_been_updated``), or the forward pass ended."""
+    KEPT.packets.clear()
+
+
+def forward_pass(original):
+    """Why this seam: DeepSpeed may gather a weight twice within one forward pass (released after its forward use,
+    gathered again for backward before forward ends), and nothing writes a partition inside a forward pass but
+    ``Init._partition_param`` with ``has_been_updated`` (``GatheredParameters`` with a modifier rank), whose seam
+    forgets the packets. The engine's forward is the one call that spans every fetch of a pass, on every release,
+    and the optimizer's writes (through ``.data``, which no version counter sees) all lie outside it.
+
+    Seam factory for ``DeepSpeedEngine.forward``: while an engine with qwZ runs its forward, a partition's quantized
+    packet is kept from its first fetch and sent again by later ones (:func:`quantize_once`); every packet is
+    dropped when the outermost forward returns or raises. Without qwZ the original runs alone."""
+
+    def wrapper(engine, *args, **kwargs):
+        if KEPT.open or not engine.zero_quantized_weights():  # a forward inside a forward: the outer one owns them
+            return original(engine, *args, **kwargs)
+        KEPT.open = REWRITE_SITE in replaced  # without that seam, a rewritten partition would go unnoticed
+        try:
+            return original(engine, *args, **kwargs)
+        finally:
+            KEPT.open = False
+            forget_packets()
+
+    return wrapper
+
+
+def quantize_once(quantize):
+    """``quantize`` (the quantizer's method), returning inside a forward pass the packet it already made of the same
+    partition: the same tensor object (a parameter's ``ds_tensor``, which has ``ds_numel``; a bucket's
+    concatenation is new at every fetch), at the same ``_version`` and address, default groups. The kept packet is
+    the one the first fetch all-gathered, unchanged: fetches read it and write only their receive buffers."""
+
+    def method(quantizer, param, groups=None):
+        if not KEPT.open or groups is not None:
+            return quantize(quantizer, param, groups)
+        key = id(param)
+        kept = KEPT.packets.get(key)
+        if kept is not None and kept[0] is param and kept[1] == param._version and kept[2] == param.data_ptr():
+            KEPT.reused += 1
+            return kept[3]
+        result = quantize(quantizer, param, groups)
+        if getattr(param, "ds_numel", None) is not None and ops.packet_of(result[0]) is not None:
+            KEPT.packets[key] = (param, param._version, param.data_ptr(), result)
+        return result
+
+    return method

@@ -65,7 +65,8 @@ def partition_seam(attr, why):
     the float values into the int8 result, so quantization is deferred until the partition holds its values; a
     partition rewritten from updated data is re-quantized from the written values. And padding is zeroed, so
     that it never takes part in a quantization group's absmax. The secondary partition is written without
-    DeepSpeed's host wait (``secondary.py``). ``why``: the factory's docstring."""
+    DeepSpeed's host wait (``secondary.py``). A rewrite drops the packets the forward pass kept
+    (``fetch.forward_pass``). ``why``: the factory's docstring."""
     writing = secondary.without_host_wait if attr == "ds_secondary_tensor" else contextlib.nullcontext
 
     def factory(original):
@@ -74,6 +75,8 @@ def partition_seam(attr, why):
             # A partition that exists and is not being rewritten is left as it is (ZeRO-3 only frees the gathered
             # weights): nothing to defer, stand in for or zero. This is the call of every release after a fetch.
             updated = kwargs.get("has_been_updated", len(args) > 1 and args[1])  # checked first: the common call
+            if updated:
+                fetch.forget_packets()  # a kept packet of the old values would be sent again (fetch.forward_pass)
             if (not updated and getattr(param, attr, None) is not None) or not weights_quantized(init):
                 return original(init, param, *args, **kwargs)
             if attr == "ds_secondary_tensor" and secondary.unwritten_in_step():
