@@ -6,6 +6,7 @@ torch backend's arithmetic is deterministic), every quantized fetch sends one pa
 all-gathers than the unquantized run's."""
 import pytest
 
+from deepspeed_zeropp.patching.seams import fetch
 from deepspeed_zeropp.patching.sites import STEP_SITE
 from harness.launch import run_job
 from tests.helpers import (STEPS, assert_persistent_gathered_once, assert_trained_like_baseline, has_sequential_flag,
@@ -190,7 +191,7 @@ def assert_step_writes_skipped(runs, steps):
     assert all(abs(a - b) <= loss_tolerance(b) for a, b in zip(skip["losses"], stock["losses"]))
 
 
-FORWARD_SEAM = ["DeepSpeedEngine.forward"]
+FORWARD_SEAM = [fetch.FORWARD_SITE]
 
 
 def test_a_forward_quantizes_each_partition_once():
