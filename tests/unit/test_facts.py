@@ -12,6 +12,7 @@ import deepspeed_zeropp
 from deepspeed_zeropp import _env, _version, agreement, doctor
 from deepspeed_zeropp.formats import int4
 from deepspeed_zeropp.patching import sites
+from deepspeed_zeropp.patching.seams import partitions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,6 +71,9 @@ def test_site_names_used_elsewhere_are_rows_of_the_table():
     assert sites.FETCH_SITE in rows
     seam = sys.modules[rows[sites.FETCH_SITE].factory.__module__]
     assert seam.FETCH_SITE == sites.FETCH_SITE  # the seam's own copy of its row's name: sites.py imports the seams
+    # the fetch protocol's copies of the rows it keeps packets by: the engine's forward and the partition rewrite
+    assert rows[seam.FORWARD_SITE].factory is seam.forward_pass
+    assert rows[seam.REWRITE_SITE].factory is partitions.partition_param
 
 
 def test_the_version_is_written_once():
