@@ -196,17 +196,21 @@ FORWARD_SEAM = [fetch.FORWARD_SITE]
 
 def test_a_forward_quantizes_each_partition_once():
     """A small GPT whose weights each make a fetch of their own (biases and norms persistent, a prefetch bucket
-    smaller than a weight, as the HF Trainer's "auto" sizes make them): DeepSpeed gathers some weights twice in one
-    forward pass, and the second fetch sends the packet of the first (``fetch.quantize_once``). Bit for bit the
-    training of the twin without the engine-forward seam, which quantizes at every fetch; the same packet
-    all-gathers, fewer quantizes by the packets sent again."""
-    zero = {"stage3_param_persistence_threshold": 1280, "stage3_prefetch_bucket_size": 14746}
+    smaller than a weight, as the HF Trainer's "auto" sizes make them, a reuse distance of about one layer):
+    DeepSpeed gathers some weights twice in one forward pass, and the second fetch sends the packet of the first
+    (``fetch.quantize_once``). Bit for bit the training of the twin without the engine-forward seam, which
+    quantizes at every fetch; the same packet all-gathers, fewer quantizes by the packets sent again."""
+    zero = {
+        "stage3_param_persistence_threshold": 1280,
+        "stage3_prefetch_bucket_size": 14746,
+        "stage3_max_reuse_distance": 200000
+    }
     run = dict(quantized=True, digest=True, zero=zero)
     runs = [dict(run, name="once"), dict(run, name="every_fetch", exclude_sites=FORWARD_SEAM)]
     result = job(runs, model="gpt", model_args=dict(layers=6, width=128, heads=4, seq=64, vocab=512))
     once, every = (result["runs"][name] for name in ("once", "every_fetch"))
     assert "error" not in once, once.get("traceback")
     assert once["losses"] == every["losses"] and once["digest"] == every["digest"]
-    assert once["packets"]["reused"] > 0 and every["packets"]["reused"] == 0
+    assert once["packets"]["reused"] >= 5 and every["packets"]["reused"] == 0  # 29 over 5 steps at 355eb03
     assert once["packets"]["quantizes"] == every["packets"]["quantizes"] - once["packets"]["reused"]
     assert once["packets"]["packet_all_gathers"] == every["packets"]["packet_all_gathers"]
