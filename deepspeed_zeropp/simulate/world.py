@@ -338,9 +338,11 @@ def install(world_size, gpus_per_node, device):
     os.environ.update(RANK="0",
                       LOCAL_RANK="0",
                       WORLD_SIZE=str(world_size),
-                      LOCAL_SIZE=str(gpus_per_node),
                       MASTER_ADDR="127.0.0.1",
                       MASTER_PORT="29500")
+    # No LOCAL_SIZE: the node's shape is the device count replaced below, and where LOCAL_SIZE equals the world size
+    # DeepSpeed's CPU backend sets up its shared-memory collectives and waits for the other ranks, which never come.
+    os.environ.pop("LOCAL_SIZE", None)
     deepspeed_zeropp.register_in_order_backend(
         BACKEND)  # each group's collectives run on its one stream, in order, as NCCL's
     if BACKEND not in dist.Backend.backend_list:

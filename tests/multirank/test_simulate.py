@@ -36,3 +36,19 @@ def test_smoke_of_two_nodes_of_two(tmp_path):
     assert not any("int8" in kind for kind in plain["by_link"]["free"]["collectives"])
     first = {key: run["warmup_losses"][0] for key, run in results["runs"].items()}
     assert abs(first["ours-qwz-qgz"] - first["unquantized"]) < 0.01, first
+
+
+def test_one_node_on_cpu_does_not_wait_for_absent_ranks(tmp_path):
+    """One node: every simulated rank is local, where DeepSpeed's CPU backend would wait for its peers' shared memory
+    if the world told it the node's size (world.install leaves LOCAL_SIZE out)."""
+    command = [
+        sys.executable, "-m", "deepspeed_zeropp", "simulate", "--model", "tiny", "--gpus-per-node", "2", "--nodes",
+        "1", "--configs", "unquantized", "ours-qwz", "--reps", "1", "--steps", "1", "--warmup", "1", "--device", "cpu"
+    ]
+    done = subprocess.run(command,
+                          capture_output=True,
+                          text=True,
+                          timeout=120,
+                          env=dict(os.environ, DS_ACCELERATOR="cpu", LOCAL_SIZE="2"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "every run: no skipped step, finite losses, its quantized paths ran" in done.stdout
