@@ -9,9 +9,10 @@ where its ``WRITES_PARTS`` says so, and the count follows that switch). The ops 
 calls are not counted again. What the CPU world cannot tell apart: an op that a GPU job would run on a host tensor
 counts as a launch too. Upstream's quantizer op has no CPU build, so its configurations cannot be counted here.
 
-The model has the 1.4B GPT's structure at width 1024 (24 layers: the HF Trainer's "auto" buckets scale with
-width^2, so every fetch holds the same parameters as at 2048) and DeepSpeed's ``stage3_max_reuse_distance`` scaled
-by the same factor (2.5e8), so that backward re-fetches the weights it re-fetches at 1.4B.
+The model is the simulated world's 1.4B GPT (``gpt-1.4b``: its parameters, so its fetches, buckets and
+DeepSpeed's releases and re-fetches are the GPU run's) at DeepSpeed's default ``stage3_max_reuse_distance``, fed
+micro-batches of one sequence of ``TOKENS`` tokens: the ops a step launches do not depend on how many tokens they
+read, and the CPU's arithmetic stays short.
 
     python benchmarks/launches.py [--world-sizes 8 64] [--configs unquantized ours-qwz ours-qwz-qgz] [--steps 1]
 writes results/launches.md and results/launches.json. Counts are exact: the same tree gives the same figures.
@@ -27,8 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import commit, per_world_size  # noqa: E402
 
-SHAPE = dict(layers=24, width=1024, heads=8, vocab=4096, seq=64)
-REUSE_DISTANCE = 250_000_000  # DeepSpeed's default (1e9) times (1024 / 2048)^2
+MODEL = "gpt-1.4b"  # the simulated world's shape (simulate/model.py), as the GPU's profiled steps run it
+TOKENS = 64  # tokens per sequence fed (the model keeps its positions); launches do not depend on it
 # ATen ops that launch nothing on a GPU besides views: allocation, metadata, stream bookkeeping
 NO_LAUNCH = frozenset(("empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "set_", "resize_",
                        "record_stream", "lift_fresh", "detach", "alias", "_unsafe_view", "view"))
@@ -108,17 +109,17 @@ def count(keys, world_size, steps):
     _wrap(world.SimulatedGroup, "_run", counter, "collective")
     ops.forget_signatures()
     topology = world.Topology(world_size, world_size // 2)
-    shape = model.Shape(**SHAPE)
+    shape = model.SHAPES[MODEL]
+    fed = shape._replace(seq=TOKENS)
     plan = runner.Plan(shape,
                        topology, {"free": None},
                        tuple(keys),
                        steps=steps,
-                       warmup=1,
+                       warmup=0,
                        device="cpu",
                        dtype=torch.bfloat16,
                        micro_batch=1,
-                       profile=False,
-                       reuse_distance=REUSE_DISTANCE)
+                       profile=False)
     world.install(world_size, topology.gpus_per_node, "cpu")
     world.set_link(None)
     results, engines = {}, {}
@@ -128,11 +129,12 @@ def count(keys, world_size, steps):
         for key in keys:
             runner.set_patch(runner.CONFIGS[key])
             torch_ref.WRITES_PARTS = cuda.WRITES_PARTS  # as the CUDA backend's bucket waits run
-            runner.step(engines[key], shape, plan.micro_batch, 100)
+            for i in range(2):  # uncounted: the first steps set up the optimizer's and the fetches' state
+                runner.step(engines[key], fed, plan.micro_batch, 100 + i)
             counter.by_phase.clear()
             with _mode(counter):
                 for i in range(steps):
-                    runner.step(engines[key], shape, plan.micro_batch, 101 + i, mark=counter.in_phase)
+                    runner.step(engines[key], fed, plan.micro_batch, 102 + i, mark=counter.in_phase)
             results[key] = {
                 phase: {
                     op: n / steps
@@ -153,14 +155,15 @@ def total(by_phase, phase=None):
 
 
 def _markdown(results, keys, steps, commit_id):
-    from deepspeed_zeropp.simulate import runner
+    from deepspeed_zeropp.simulate import model, runner
     phases = ("forward", "backward", "step")
     label = {key: runner.CONFIGS[key].label for key in keys}
     lines = [
         "# Kernel launches per ZeRO-3 step, counted on the CPU", "", f"Commit {commit_id}. Rank 0 of a simulated "
-        f"world on the CPU (2 nodes, collectives free), GPT {SHAPE} (the 1.4B's structure at width 1024), "
-        f"micro-batch 1, the HF Trainer's \"auto\" buckets, stage3_max_reuse_distance {REUSE_DISTANCE:.2g}, bf16; "
-        f"every op that would launch a kernel on a GPU counted over {steps} step(s) after one uncounted step, each "
+        f"world on the CPU (2 nodes, collectives free), the {MODEL} GPT ({model.SHAPES[MODEL]}) fed micro-batches "
+        f"of one {TOKENS}-token sequence, the HF Trainer's \"auto\" buckets, DeepSpeed's default "
+        f"stage3_max_reuse_distance, bf16; every op that would launch a kernel on a GPU counted over {steps} step(s) "
+        "after two uncounted ones, each "
         "collective and each quantization backend call as one launch (`python benchmarks/launches.py`). Exact: "
         "the same tree gives the same figures.", "",
         "| ranks | configuration | launches per step | vs " + label[keys[0]] + " | " + " | ".join(phases) + " |",
