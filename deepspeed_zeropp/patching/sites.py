@@ -71,6 +71,7 @@ SITES = (
     Site("DeepSpeedEngine", "_get_param_fragment_func", checkpoints.frozen_fragment, module=ENGINE),
     Site("DeepSpeedEngine", "load_module_state_dict", checkpoints.load_frozen_fragments, module=ENGINE),
     Site("DeepSpeedEngine", "forward", fetch.forward_pass, module=ENGINE),
+    Site("DeepSpeedEngine", "backward", fetch.backward_pass, module=ENGINE),
     Site(None, "all_to_all_quant_reduce", replacements.quant_reduce, module=COALESCED_COLLECTIVES),
     Site(None, "all_to_all_quant_reduce", replacements.stage3_quant_reduce, module=STAGE3),
     Site(None,

@@ -191,15 +191,15 @@ def assert_step_writes_skipped(runs, steps):
     assert all(abs(a - b) <= loss_tolerance(b) for a, b in zip(skip["losses"], stock["losses"]))
 
 
-FORWARD_SEAM = [fetch.FORWARD_SITE]
+FORWARD_SEAM = [fetch.FORWARD_SITE, fetch.BACKWARD_SITE]
 
 
 def test_a_forward_quantizes_each_partition_once():
     """A small GPT whose weights each make a fetch of their own (biases and norms persistent, a prefetch bucket
     smaller than a weight, as the HF Trainer's "auto" sizes make them, a reuse distance of about one layer):
-    DeepSpeed gathers some weights twice in one forward pass, and the second fetch sends the packet of the first
-    (``fetch.quantize_once``). Bit for bit the training of the twin without the engine-forward seam, which
-    quantizes at every fetch; the same packet all-gathers, fewer quantizes by the packets sent again."""
+    DeepSpeed gathers some weights twice in one step, and the second fetch sends the packet of the first
+    (``fetch.quantize_once``). Bit for bit the training of the twin without the engine's forward and backward seams,
+    which quantizes at every fetch; the same packet all-gathers, fewer quantizes by the packets sent again."""
     zero = {
         "stage3_param_persistence_threshold": 1280,
         "stage3_prefetch_bucket_size": 14746,

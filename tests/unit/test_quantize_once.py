@@ -1,7 +1,7 @@
-"""One quantize per partition and forward pass (``patching/seams/fetch.py``): inside the engine's forward a
-parameter's partition quantized again returns the packet its first fetch made, unless the partition was written
-in between (its version, its address, or a rewrite through ``Init._partition_param``); outside a forward pass,
-for other tensors and with explicit groups, every call quantizes."""
+"""One quantize per partition and step (``patching/seams/fetch.py``): inside the engine's forward and the backward
+after it a parameter's partition quantized again returns the packet its first fetch made, unless the partition was
+written in between (its version, its address, or a rewrite through ``Init._partition_param``); the next forward
+starts afresh; outside them, for other tensors and with explicit groups, every call quantizes."""
 import types
 
 import pytest
@@ -40,10 +40,18 @@ def same_values(packed, other):
     return torch.equal(packed[0], other[0]) and torch.equal(packed[1], other[1])
 
 
+def engine_call(seam, body, quantized_weights=True):
+    engine = types.SimpleNamespace(zero_quantized_weights=lambda: quantized_weights)
+    return seam(lambda engine: body())(engine)
+
+
 def in_forward(body, quantized_weights=True):
     """Run ``body`` inside the engine-forward seam, as DeepSpeedEngine.forward would."""
-    engine = types.SimpleNamespace(zero_quantized_weights=lambda: quantized_weights)
-    return fetch.forward_pass(lambda engine: body())(engine)
+    return engine_call(fetch.forward_pass, body, quantized_weights)
+
+
+def in_backward(body):
+    return engine_call(fetch.backward_pass, body)
 
 
 def test_second_fetch_in_a_forward_sends_the_same_packet(quantize):
@@ -52,7 +60,23 @@ def test_second_fetch_in_a_forward_sends_the_same_packet(quantize):
     first, second = in_forward(lambda: (quantize(None, x), quantize(None, x)))
     assert second is first and len(quantize.made) == 1 and fetch.KEPT.reused == reused + 1
     assert same_values(first, ops.quantize_packed(x, backend="torch"))
-    assert fetch.KEPT.packets == {} and not fetch.KEPT.open  # dropped when the forward returns
+    assert not fetch.KEPT.open and len(fetch.KEPT.packets) == 1  # kept for the backward
+
+
+def test_backward_sends_its_forwards_packets_and_drops_them(quantize):
+    x, y = partition(), partition(seed=1)
+    first = in_forward(lambda: quantize(None, x))
+    assert quantize(None, x) is not first  # between forward and backward nothing is sent again
+    second, _ = in_backward(lambda: (quantize(None, x), quantize(None, y)))
+    assert second is first and len(quantize.made) == 3 and fetch.KEPT.packets == {}
+
+
+def test_the_next_forward_drops_the_last_ones_packets(quantize):
+    x = partition()
+    first = in_forward(lambda: quantize(None, x))  # e.g. an evaluation forward: no backward follows
+    x.data.copy_(partition(seed=1))  # a write nothing sees (as an optimizer's or a checkpoint load's)
+    second = in_forward(lambda: quantize(None, x))
+    assert second is not first and same_values(second, ops.quantize_packed(x, backend="torch"))
 
 
 def test_outside_a_forward_every_call_quantizes(quantize):
@@ -110,16 +134,17 @@ def test_a_nested_forward_leaves_the_packets_to_the_outer_one(quantize):
         return first, quantize(None, x)
 
     first, second = in_forward(body)
-    assert second is first and len(quantize.made) == 1 and fetch.KEPT.packets == {}
+    assert second is first and len(quantize.made) == 1 and len(fetch.KEPT.packets) == 1
 
 
-def test_packets_are_dropped_when_the_forward_raises(quantize):
+@pytest.mark.parametrize("call", [in_forward, in_backward])
+def test_packets_are_dropped_when_the_engine_call_raises(quantize, call):
     x = partition()
 
     def body():
         quantize(None, x)
-        raise RuntimeError("forward failed")
+        raise RuntimeError("the call failed")
 
-    with pytest.raises(RuntimeError, match="forward failed"):
-        in_forward(body)
+    with pytest.raises(RuntimeError, match="the call failed"):
+        call(body)
     assert fetch.KEPT.packets == {} and not fetch.KEPT.open

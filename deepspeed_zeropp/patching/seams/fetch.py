@@ -27,7 +27,8 @@ from .common import own_dtype
 
 FETCH_SITE = "partition_parameters._dist_allgather_fn"  # this seam's row name in patching/sites.py
 READERS = ("AllGatherHandle.wait", "AllGatherCoalescedHandle.wait")  # the seams that read packets
-FORWARD_SITE = "DeepSpeedEngine.forward"  # the forward pass within which a partition's packet is kept
+FORWARD_SITE = "DeepSpeedEngine.forward"  # from where a partition's packet is kept
+BACKWARD_SITE = "DeepSpeedEngine.backward"  # until where
 REWRITE_SITE = "Init._partition_param"  # where DeepSpeed rewrites a partition (it forgets the packets)
 
 
@@ -158,7 +159,8 @@ def complete_bucket(handle, dtypes):
 
 
 class _Kept:
-    """The packets quantized in the forward pass running now (``forward_pass``): ``packets`` maps id(partition) to
+    """The packets quantized in the step's forward and backward (``forward_pass``, ``backward_pass``): ``open`` while
+    one of them runs, ``packets`` maps id(partition) to
     (partition, its ``_version``, its ``data_ptr()``, (codes, scales)); ``reused`` counts the quantizes saved since
     the patch was loaded (the tests read it)."""
     open = False
@@ -175,28 +177,59 @@ def forget_packets():
     KEPT.packets.clear()
 
 
-def forward_pass(original):
-    """Why this seam: DeepSpeed may gather a weight twice within one forward pass (released after its forward use,
-    gathered again for backward before forward ends), and nothing writes a partition inside a forward pass but
-    ``Init._partition_param`` with ``has_been_updated`` (``GatheredParameters`` with a modifier rank), whose seam
-    forgets the packets. The engine's forward is the one call that spans every fetch of a pass, on every release,
-    and the optimizer's writes (through ``.data``, which no version counter sees) all lie outside it.
-
-    Seam factory for ``DeepSpeedEngine.forward``: while an engine with qwZ runs its forward, a partition's quantized
-    packet is kept from its first fetch and sent again by later ones (:func:`quantize_once`); every packet is
-    dropped when the outermost forward returns or raises. Without qwZ the original runs alone."""
+def _window(original, keep_after):
+    """The wrapper of an engine call (forward, backward) inside which kept packets are sent again: only for an
+    engine with qwZ and with the rewrite seam installed (without it a rewritten partition would go unnoticed), the
+    outermost call only. ``keep_after``: its packets stay for the next call (forward's, for backward); else, and
+    when it raises, they are dropped as it returns."""
 
     def wrapper(engine, *args, **kwargs):
-        if KEPT.open or not engine.zero_quantized_weights():  # a forward inside a forward: the outer one owns them
+        if KEPT.open or not engine.zero_quantized_weights():
             return original(engine, *args, **kwargs)
-        KEPT.open = REWRITE_SITE in replaced  # without that seam, a rewritten partition would go unnoticed
+        KEPT.open = REWRITE_SITE in replaced
+        kept = False
         try:
-            return original(engine, *args, **kwargs)
+            result = original(engine, *args, **kwargs)
+            kept = keep_after
+            return result
         finally:
             KEPT.open = False
-            forget_packets()
+            if not kept:
+                forget_packets()
 
     return wrapper
+
+
+def forward_pass(original):
+    """Why this seam: DeepSpeed may gather a weight twice within one step (released after its forward use, gathered
+    again for backward before forward ends or in backward), and nothing writes a partition between a forward and its
+    backward but ``Init._partition_param`` with ``has_been_updated`` (``GatheredParameters`` with a modifier rank),
+    whose seam forgets the packets. The engine's forward is the one call that starts every fetch of a pass, on every
+    release, and the optimizer's writes (through ``.data``, which no version counter sees) all lie outside it and
+    the backward that follows.
+
+    Seam factory for ``DeepSpeedEngine.forward``: an engine with qwZ first drops every kept packet (whatever came
+    before may have written partitions), then keeps a partition's quantized packet from its first fetch and sends
+    it again by later ones (:func:`quantize_once`) while its forward runs and while the backward after it runs
+    (``backward_pass``). Without qwZ the original runs alone."""
+    window = _window(original, keep_after=True)
+
+    def wrapper(engine, *args, **kwargs):
+        if not KEPT.open:
+            forget_packets()
+        return window(engine, *args, **kwargs)
+
+    return wrapper
+
+
+def backward_pass(original):
+    """Why this seam: a weight released in forward may be fetched again in backward; the engine's backward is the
+    call that spans those fetches (``forward_pass`` says why nothing writes a partition before it).
+
+    Seam factory for ``DeepSpeedEngine.backward``: while an engine with qwZ runs its backward, the packets its
+    forward kept are sent again and new ones kept; every packet is dropped as it returns. (A backward run as
+    ``loss.backward()`` without the engine reuses nothing; its forward's packets are dropped at the next forward.)"""
+    return _window(original, keep_after=False)
 
 
 def quantize_once(quantize):
