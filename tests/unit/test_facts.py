@@ -71,8 +71,9 @@ def test_site_names_used_elsewhere_are_rows_of_the_table():
     assert sites.FETCH_SITE in rows
     seam = sys.modules[rows[sites.FETCH_SITE].factory.__module__]
     assert seam.FETCH_SITE == sites.FETCH_SITE  # the seam's own copy of its row's name: sites.py imports the seams
-    # the fetch protocol's copies of the rows it keeps packets by: the engine's forward and the partition rewrite
+    # the fetch protocol's copies of the rows it keeps packets by: the engine's forward and backward, the rewrite
     assert rows[seam.FORWARD_SITE].factory is seam.forward_pass
+    assert rows[seam.BACKWARD_SITE].factory is seam.backward_pass
     assert rows[seam.REWRITE_SITE].factory is partitions.partition_param
 
 
