@@ -24,6 +24,7 @@ def quantize(monkeypatch):
     """The wrapped quantizer method, counting the packets it makes; the rewrite seam counted as installed."""
     monkeypatch.setitem(installed.replaced, fetch.REWRITE_SITE, None)
     monkeypatch.setattr(fetch.KEPT, "packets", {})
+    monkeypatch.setattr(fetch.KEPT, "released", set())
     made = []
 
     def method(quantizer, param, groups=None):
@@ -54,18 +55,43 @@ def in_backward(body):
     return engine_call(fetch.backward_pass, body)
 
 
+def release(x):
+    """DeepSpeed releasing the gathered parameter whose partition is ``x``, through the partition seam."""
+    partitions.partition_param(lambda init, param, *a, **k: None)(None, types.SimpleNamespace(ds_tensor=x), None,
+                                                                  False)
+
+
+def fetch_and_release(quantize, x):
+    packet = quantize(None, x)
+    release(x)
+    return packet
+
+
 def test_second_fetch_in_a_forward_sends_the_same_packet(quantize):
     x = partition()
     reused = fetch.KEPT.reused
     first, second = in_forward(lambda: (quantize(None, x), quantize(None, x)))
     assert second is first and len(quantize.made) == 1 and fetch.KEPT.reused == reused + 1
     assert same_values(first, ops.quantize_packed(x, backend="torch"))
-    assert not fetch.KEPT.open and len(fetch.KEPT.packets) == 1  # kept for the backward
+    assert not fetch.KEPT.open and fetch.KEPT.packets == {}  # still gathered: backward will not fetch it
+
+
+def test_forward_keeps_for_backward_the_packets_of_released_parameters_only(quantize):
+    x, y, z = partition(), partition(seed=1), partition(seed=2)
+
+    def body():
+        fetch_and_release(quantize, x)  # released, not gathered again: backward will fetch it
+        quantize(None, y)  # still gathered as forward ends
+        fetch_and_release(quantize, z)
+        quantize(None, z)  # released, then gathered again (a prefetch for backward)
+
+    in_forward(body)
+    assert list(fetch.KEPT.packets) == [id(x)]
 
 
 def test_backward_sends_its_forwards_packets_and_drops_them(quantize):
     x, y = partition(), partition(seed=1)
-    first = in_forward(lambda: quantize(None, x))
+    first = in_forward(lambda: fetch_and_release(quantize, x))
     assert quantize(None, x) is not first  # between forward and backward nothing is sent again
     second, _ = in_backward(lambda: (quantize(None, x), quantize(None, y)))
     assert second is first and len(quantize.made) == 3 and fetch.KEPT.packets == {}
@@ -73,7 +99,8 @@ def test_backward_sends_its_forwards_packets_and_drops_them(quantize):
 
 def test_the_next_forward_drops_the_last_ones_packets(quantize):
     x = partition()
-    first = in_forward(lambda: quantize(None, x))  # e.g. an evaluation forward: no backward follows
+    first = in_forward(lambda: fetch_and_release(quantize, x))  # e.g. an evaluation forward: no backward follows
+    assert list(fetch.KEPT.packets) == [id(x)]
     x.data.copy_(partition(seed=1))  # a write nothing sees (as an optimizer's or a checkpoint load's)
     second = in_forward(lambda: quantize(None, x))
     assert second is not first and same_values(second, ops.quantize_packed(x, backend="torch"))
@@ -130,11 +157,11 @@ def test_a_nested_forward_leaves_the_packets_to_the_outer_one(quantize):
     x = partition()
 
     def body():
-        first = in_forward(lambda: quantize(None, x))
-        return first, quantize(None, x)
+        first = in_forward(lambda: fetch_and_release(quantize, x))
+        return first, fetch_and_release(quantize, x)
 
     first, second = in_forward(body)
-    assert second is first and len(quantize.made) == 1 and len(fetch.KEPT.packets) == 1
+    assert second is first and len(quantize.made) == 1 and list(fetch.KEPT.packets) == [id(x)]
 
 
 @pytest.mark.parametrize("call", [in_forward, in_backward])

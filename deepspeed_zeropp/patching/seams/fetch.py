@@ -160,11 +160,12 @@ def complete_bucket(handle, dtypes):
 
 class _Kept:
     """The packets quantized in the step's forward and backward (``forward_pass``, ``backward_pass``): ``open`` while
-    one of them runs, ``packets`` maps id(partition) to
-    (partition, its ``_version``, its ``data_ptr()``, (codes, scales)); ``reused`` counts the quantizes saved since
-    the patch was loaded (the tests read it)."""
+    one of them runs, ``packets`` maps id(partition) to (partition, its ``_version``, its ``data_ptr()``, (codes,
+    scales)); ``released`` holds the ids of those whose parameter DeepSpeed released since it was last gathered;
+    ``reused`` counts the quantizes saved since the patch was loaded (the tests read it)."""
     open = False
     packets = {}
+    released = set()
     reused = 0
 
 
@@ -173,8 +174,22 @@ KEPT = _Kept()
 
 def forget_packets():
     """Drop every kept packet: a partition may have been written (``Init._partition_param`` with
-    ``has_been_updated``), or the forward pass ended."""
+    ``has_been_updated``), or the step's backward ended."""
     KEPT.packets.clear()
+    KEPT.released.clear()
+
+
+def partition_released(partition):
+    """DeepSpeed released the gathered parameter of ``partition`` (the partition seam's release path): if its
+    packet is kept, a later fetch will want it."""
+    if id(partition) in KEPT.packets:
+        KEPT.released.add(id(partition))
+
+
+def _keep_released():
+    """As forward returns: keep for backward only the packets of parameters released now, the ones DeepSpeed will
+    gather again; a parameter still gathered is not fetched in backward, and its packet would only hold memory."""
+    KEPT.packets = {key: kept for key, kept in KEPT.packets.items() if key in KEPT.released}
 
 
 def _window(original, keep_after):
@@ -194,7 +209,9 @@ def _window(original, keep_after):
             return result
         finally:
             KEPT.open = False
-            if not kept:
+            if kept:
+                _keep_released()
+            else:
                 forget_packets()
 
     return wrapper
@@ -243,6 +260,7 @@ def quantize_once(quantize):
             return quantize(quantizer, param, groups)
         key = id(param)
         kept = KEPT.packets.get(key)
+        KEPT.released.discard(key)  # gathered again now
         if kept is not None and kept[0] is param and kept[1] == param._version and kept[2] == param.data_ptr():
             KEPT.reused += 1
             return kept[3]

@@ -77,7 +77,11 @@ def partition_seam(attr, why):
             updated = kwargs.get("has_been_updated", len(args) > 1 and args[1])  # checked first: the common call
             if updated:
                 fetch.forget_packets()  # a kept packet of the old values would be sent again (fetch.forward_pass)
-            if (not updated and getattr(param, attr, None) is not None) or not weights_quantized(init):
+            if not updated and getattr(param, attr, None) is not None:
+                if attr == "ds_tensor":
+                    fetch.partition_released(param.ds_tensor)  # its kept packet is wanted again (fetch.py)
+                return original(init, param, *args, **kwargs)
+            if not weights_quantized(init):
                 return original(init, param, *args, **kwargs)
             if attr == "ds_secondary_tensor" and secondary.unwritten_in_step():
                 return None  # nothing reads it: the step drops every secondary partition (secondary.optimizer_step)
