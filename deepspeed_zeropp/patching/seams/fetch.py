@@ -13,11 +13,13 @@ packet and the scales' call sends nothing; a bucket's wait writes each parameter
 into a buffer of its own (``ops.dequantize_packed_parts``: one kernel for the bucket on the CUDA backend, one
 dequantize and a copy per parameter elsewhere) instead of a narrow per rank and a concatenation.
 
-Within one forward pass a partition is quantized once (:func:`forward_pass`, :func:`quantize_once`): DeepSpeed
-releases a weight after its forward use when its next use lies beyond ``stage3_max_reuse_distance`` parameters,
-and its prefetcher, reading the step's trace into backward's order, may gather it again before forward ends (with
-the HF Trainer's "auto" buckets, 53 of a 24-layer GPT's 100 weights: ``benchmarks/results/launches.md``). The
-second fetch sends the packet the first one made: the same bytes, one quantize launch fewer.
+Within one step a partition is quantized once (:func:`forward_pass`, :func:`backward_pass`,
+:func:`quantize_once`): DeepSpeed releases a weight after its forward use when its next use lies beyond
+``stage3_max_reuse_distance`` parameters, and gathers it again, either before forward ends (its prefetcher reads
+the step's trace into backward's order) or in backward. A later fetch sends the packet the first one made: the
+same bytes, one quantize launch fewer (the 1.4B GPT with the HF Trainer's "auto" buckets: 53 of 153 quantizes a
+step, 30 in forward and 23 in backward, ``benchmarks/results/launches.md``). Past forward only the packets of
+weights released then are kept, the ones backward will gather again.
 """
 import torch
 
@@ -155,7 +157,7 @@ def complete_bucket(handle, dtypes):
     handle.complete = True
 
 
-# --- One quantize per partition and forward pass ----------------------------------------------------------------
+# --- One quantize per partition and step ----------------------------------------------------------------------
 
 
 class _Kept:
@@ -250,10 +252,11 @@ def backward_pass(original):
 
 
 def quantize_once(quantize):
-    """``quantize`` (the quantizer's method), returning inside a forward pass the packet it already made of the same
-    partition: the same tensor object (a parameter's ``ds_tensor``, which has ``ds_numel``; a bucket's
-    concatenation is new at every fetch), at the same ``_version`` and address, default groups. The kept packet is
-    the one the first fetch all-gathered, unchanged: fetches read it and write only their receive buffers."""
+    """``quantize`` (the quantizer's method), returning inside the engine's forward or backward the packet it
+    already made of the same partition in this step: the same tensor object (a parameter's ``ds_tensor``, which has
+    ``ds_numel``; a bucket's concatenation is new at every fetch), at the same ``_version`` and address, default
+    groups. The kept packet is the one the first fetch all-gathered, unchanged: fetches read it and write only their
+    receive buffers."""
 
     def method(quantizer, param, groups=None):
         if not KEPT.open or groups is not None:

@@ -65,8 +65,8 @@ def partition_seam(attr, why):
     the float values into the int8 result, so quantization is deferred until the partition holds its values; a
     partition rewritten from updated data is re-quantized from the written values. And padding is zeroed, so
     that it never takes part in a quantization group's absmax. The secondary partition is written without
-    DeepSpeed's host wait (``secondary.py``). A rewrite drops the packets the forward pass kept
-    (``fetch.forward_pass``). ``why``: the factory's docstring."""
+    DeepSpeed's host wait (``secondary.py``). A rewrite drops the packets kept within the step, and a release
+    marks the partition's packet as wanted again (``fetch.forward_pass``). ``why``: the factory's docstring."""
     writing = secondary.without_host_wait if attr == "ds_secondary_tensor" else contextlib.nullcontext
 
     def factory(original):
