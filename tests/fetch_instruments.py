@@ -5,7 +5,9 @@ ZeRO-3 weight fetches cost in collectives and operations, and whether packets ca
   steps, in all (``all_gathers``) and by the dtype of what was sent (``uint8``: packets; ``int8``: codes sent on
   their own; ``float32`` also counts fp32 scales sent on their own), and ``packets``: packet all-gathers issued by
   the fetch seam (``PacketGather`` handles made), ``quantizes`` (packets made) and ``reused`` (packets a forward
-  pass sent again instead of quantizing the partition again: ``fetch.quantize_once``). Name this module before
+  pass sent again instead of quantizing the partition again: ``fetch.quantize_once``), and ``past_forward``: the
+  packets held as forwards returned and those of them kept for the backward (``fetch._keep_released``), summed
+  over the steps. Name this module before
   others whose ``after_training`` gathers.
 - a run with ``parts_in_place`` has the torch backend write each parameter's part of a bucket's packets straight
   into its buffer (``WRITES_PARTS``, ``dequantize_parts_into``; off in the others) and reports in ``packets`` how
@@ -108,6 +110,15 @@ def before_step(job, step):
     packets.spy(fetch.PacketGather, "__init__", "packet_all_gathers")
     packets.spy(ops, "quantize_packed", "quantizes")
     job.reused_before = fetch.KEPT.reused
+    job.past_forward = {"held": 0, "kept": 0}
+    keep_released = job.keep_released = fetch._keep_released
+
+    def counting():
+        job.past_forward["held"] += len(fetch.KEPT.packets)
+        keep_released()
+        job.past_forward["kept"] += len(fetch.KEPT.packets)
+
+    fetch._keep_released = counting
     if job.run.get("parts_in_place"):
         packets.spy(torch_ref, "dequantize_parts_into", "parts_in_place")
 
@@ -163,6 +174,8 @@ def after_training(job):
         job.result[field] = dict(job.result.get(field, {}))
     from deepspeed_zeropp.patching.seams import fetch
     job.result["packets"]["reused"] = fetch.KEPT.reused - job.reused_before
+    job.result["packets"]["past_forward"] = job.past_forward
+    fetch._keep_released = job.keep_released
     persistent = getattr(job.engine.optimizer, "persistent_parameters", [])
     job.result["persistent"] = {"params": len(persistent), "dtypes": len({p.ds_tensor.dtype for p in persistent})}
     from deepspeed_zeropp.patching.seams import secondary

@@ -206,11 +206,20 @@ def test_a_forward_quantizes_each_partition_once():
         "stage3_max_reuse_distance": 200000
     }
     run = dict(quantized=True, digest=True, zero=zero)
-    runs = [dict(run, name="once"), dict(run, name="every_fetch", exclude_sites=FORWARD_SEAM)]
+    runs = [
+        dict(run, name="once"),
+        dict(run, name="every_fetch", exclude_sites=FORWARD_SEAM),
+        dict(run, name="forward_only", exclude_sites=[fetch.BACKWARD_SITE])
+    ]
     result = job(runs, model="gpt", model_args=dict(layers=6, width=128, heads=4, seq=64, vocab=512))
-    once, every = (result["runs"][name] for name in ("once", "every_fetch"))
+    once, every, forward = (result["runs"][name] for name in ("once", "every_fetch", "forward_only"))
     assert "error" not in once, once.get("traceback")
     assert once["losses"] == every["losses"] and once["digest"] == every["digest"]
     assert once["packets"]["reused"] >= 5 and every["packets"]["reused"] == 0  # 29 over 5 steps at 355eb03
     assert once["packets"]["quantizes"] == every["packets"]["quantizes"] - once["packets"]["reused"]
     assert once["packets"]["packet_all_gathers"] == every["packets"]["packet_all_gathers"]
+    # backward sends again packets of weights released in forward, kept past it for those only
+    assert forward["losses"] == every["losses"] and forward["digest"] == every["digest"]
+    assert once["packets"]["reused"] > forward["packets"]["reused"] > 0, (once["packets"], forward["packets"])
+    past = once["packets"]["past_forward"]
+    assert 0 < past["kept"] < past["held"], past
