@@ -2,7 +2,9 @@
 after it a parameter's partition quantized again returns the packet its first fetch made, unless the partition was
 written in between (its version, its address, or a rewrite through ``Init._partition_param``); the next forward
 starts afresh; outside them, for other tensors and with explicit groups, every call quantizes."""
+import gc
 import types
+import weakref
 
 import pytest
 import torch
@@ -95,6 +97,27 @@ def test_backward_sends_its_forwards_packets_and_drops_them(quantize):
     assert quantize(None, x) is not first  # between forward and backward nothing is sent again
     second, _ = in_backward(lambda: (quantize(None, x), quantize(None, y)))
     assert second is first and len(quantize.made) == 3 and fetch.KEPT.packets == {}
+
+
+def test_a_forward_without_autograd_keeps_nothing_past_it(quantize):
+    x = partition()
+    with torch.no_grad():  # evaluation: no backward follows
+        in_forward(lambda: fetch_and_release(quantize, x))
+    assert fetch.KEPT.packets == {} and fetch.KEPT.released == set()
+
+
+def test_nothing_of_a_partition_outlives_its_step(quantize):
+    quantize = fetch.quantize_once(lambda quantizer, param, groups=None: ops.quantize_packed(param, groups, "torch"))
+
+    def step():
+        x = partition()
+        in_forward(lambda: fetch_and_release(quantize, x))
+        in_backward(lambda: quantize(None, x))
+        return weakref.ref(x)
+
+    alive = step()
+    gc.collect()
+    assert alive() is None  # no packet, nor the partition it was made of, is held once backward returns
 
 
 def test_the_next_forward_drops_the_last_ones_packets(quantize):

@@ -165,10 +165,12 @@ class _Kept:
     one of them runs, ``packets`` maps id(partition) to (partition, its ``_version``, its ``data_ptr()``, (codes,
     scales)); ``released`` holds the ids of those whose parameter DeepSpeed released since it was last gathered;
     ``reused`` counts the quantizes saved since the patch was loaded (the tests read it)."""
-    open = False
-    packets = {}
-    released = set()
-    reused = 0
+
+    def __init__(self):
+        self.open = False
+        self.packets = {}
+        self.released = set()
+        self.reused = 0
 
 
 KEPT = _Kept()
@@ -190,8 +192,13 @@ def partition_released(partition):
 
 def _keep_released():
     """As forward returns: keep for backward only the packets of parameters released now, the ones DeepSpeed will
-    gather again; a parameter still gathered is not fetched in backward, and its packet would only hold memory."""
-    KEPT.packets = {key: kept for key, kept in KEPT.packets.items() if key in KEPT.released}
+    gather again; a parameter still gathered is not fetched in backward, and its packet would only hold memory.
+    A forward without autograd (evaluation) has no backward: it keeps none."""
+    if not torch.is_grad_enabled():
+        forget_packets()
+        return
+    for key in [key for key in KEPT.packets if key not in KEPT.released]:
+        del KEPT.packets[key]
 
 
 def _window(original, keep_after):
