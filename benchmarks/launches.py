@@ -98,12 +98,23 @@ def _wrap(owner, name, counter, label):
 
 
 def count(keys, world_size, steps):
-    """{key: {phase: {op: launches per step}}}: rank 0 of ``world_size`` ranks on 2 nodes (as host_calls.py)."""
+    """Rank 0 of ``world_size`` ranks on 2 nodes (as host_calls.py): ``launches``, {key: {phase: {op: launches per
+    step}}}, and ``past_forward``, {key: the packets each forward keeps for its backward and their MiB, per step}."""
     import torch
     from deepspeed_zeropp import ops
     from deepspeed_zeropp.backends import cuda, torch_ref
+    from deepspeed_zeropp.patching.seams import fetch
     from deepspeed_zeropp.simulate import model, runner, world
     counter = Counter()
+    kept = {"packets": 0, "bytes": 0}
+    keep_released = fetch._keep_released
+
+    def counting_kept():  # the packets a forward keeps for its backward, as it returns
+        keep_released()
+        kept["packets"] += len(fetch.KEPT.packets)
+        kept["bytes"] += sum(packet[3][0].untyped_storage().nbytes() for packet in fetch.KEPT.packets.values())
+
+    fetch._keep_released = counting_kept
     for name in BACKEND_FUNCTIONS:
         _wrap(torch_ref, name, counter, f"backend.{name}")
     _wrap(world.SimulatedGroup, "_run", counter, "collective")
@@ -122,7 +133,7 @@ def count(keys, world_size, steps):
                        profile=False)
     world.install(world_size, topology.gpus_per_node, "cpu")
     world.set_link(None)
-    results, engines = {}, {}
+    results, past_forward, engines = {}, {}, {}
     try:
         for key in keys:
             engines[key], _ = runner._build_and_warm(key, plan)
@@ -132,6 +143,7 @@ def count(keys, world_size, steps):
             for i in range(2):  # uncounted: the first steps set up the optimizer's and the fetches' state
                 runner.step(engines[key], fed, plan.micro_batch, 100 + i)
             counter.by_phase.clear()
+            kept.update(packets=0, bytes=0)
             with _mode(counter):
                 for i in range(steps):
                     runner.step(engines[key], fed, plan.micro_batch, 102 + i, mark=counter.in_phase)
@@ -142,12 +154,14 @@ def count(keys, world_size, steps):
                 }
                 for phase, ops_ in counter.by_phase.items()
             }
+            past_forward[key] = {"packets": kept["packets"] / steps, "mib": kept["bytes"] / steps / 2**20}
     finally:
+        fetch._keep_released = keep_released
         runner.set_patch(None)
         torch_ref.WRITES_PARTS = False
         for engine in engines.values():
             runner.release(engine)
-    return results
+    return {"launches": results, "past_forward": past_forward}
 
 
 def total(by_phase, phase=None):
@@ -166,16 +180,22 @@ def _markdown(results, keys, steps, commit_id):
         "after two uncounted ones, each "
         "collective and each quantization backend call as one launch (`python benchmarks/launches.py`). Exact: "
         "the same tree gives the same figures.", "",
-        "| ranks | configuration | launches per step | vs " + label[keys[0]] + " | " + " | ".join(phases) + " |",
-        "|---|---|---|---|" + "---|" * len(phases)
+        "Packets kept for backward: those each forward keeps for the backward after it (the weights DeepSpeed "
+        "released in forward, `patching/seams/fetch.py`), as it returns, and their size.", "",
+        "| ranks | configuration | launches per step | vs " + label[keys[0]] + " | " + " | ".join(phases) +
+        " | packets kept for backward |", "|---|---|---|---|" + "---|" * len(phases) + "---|"
     ]
-    for world_size, by_key in results.items():
+    for world_size, counted in results.items():
+        by_key, kept = counted["launches"], counted["past_forward"]
         base = total(by_key[keys[0]])
         for key in keys:
             found = by_key[key]
-            lines.append(f"| {world_size} | {label[key]} | {total(found):,.0f} | {total(found) / base - 1:+.1%} | " +
-                         " | ".join(f"{total(found, p):,.0f}" for p in phases) + " |")
-    for world_size, by_key in results.items():
+            cells = [world_size, label[key], f"{total(found):,.0f}", f"{total(found) / base - 1:+.1%}"]
+            cells += [f"{total(found, p):,.0f}" for p in phases]
+            cells.append(f"{kept[key]['packets']:.0f} ({kept[key]['mib']:.1f} MiB)")
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
+    for world_size, counted in results.items():
+        by_key = counted["launches"]
         merged = {key: collections.Counter() for key in keys}
         for key in keys:
             for ops_ in by_key[key].values():
