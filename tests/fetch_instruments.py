@@ -4,8 +4,8 @@ ZeRO-3 weight fetches cost in collectives and operations, and whether packets ca
 - every run reports ``collectives``: all-gathers issued through DeepSpeed's communication backend during the training
   steps, in all (``all_gathers``) and by the dtype of what was sent (``uint8``: packets; ``int8``: codes sent on
   their own; ``float32`` also counts fp32 scales sent on their own), and ``packets``: packet all-gathers issued by
-  the fetch seam (``PacketGather`` handles made), ``quantizes`` (packets made) and ``reused`` (packets a forward
-  pass sent again instead of quantizing the partition again: ``fetch.quantize_once``), and ``past_forward``: the
+  the fetch seam (``PacketGather`` handles made), ``quantizes`` (packets made) and ``reused`` (packets forward or
+  backward sent again instead of quantizing the partition again: ``fetch.quantize_once``), and ``past_forward``: the
   packets held as forwards returned and those of them kept for the backward (``fetch._keep_released``), summed
   over the steps. Name this module before
   others whose ``after_training`` gathers.

@@ -122,7 +122,7 @@ def test_nothing_of_a_partition_outlives_its_step(quantize):
 
 def test_the_next_forward_drops_the_last_ones_packets(quantize):
     x = partition()
-    first = in_forward(lambda: fetch_and_release(quantize, x))  # e.g. an evaluation forward: no backward follows
+    first = in_forward(lambda: fetch_and_release(quantize, x))  # a loss computed for logging: no backward follows
     assert list(fetch.KEPT.packets) == [id(x)]
     x.data.copy_(partition(seed=1))  # a write nothing sees (as an optimizer's or a checkpoint load's)
     second = in_forward(lambda: quantize(None, x))
