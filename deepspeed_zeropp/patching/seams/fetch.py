@@ -18,7 +18,7 @@ Within one step a partition is quantized once (:func:`forward_pass`, :func:`back
 ``stage3_max_reuse_distance`` parameters, and gathers it again, either before forward ends (its prefetcher reads
 the step's trace into backward's order) or in backward. A later fetch sends the packet the first one made: the
 same bytes, one quantize launch fewer (the 1.4B GPT with the HF Trainer's "auto" buckets: 53 of 153 quantizes a
-step, 30 in forward and 23 in backward, ``benchmarks/results/launches.md``). Past forward only the packets of
+step, 30 in forward and 23 in backward, ``benchmarks/results/zeropp_bound.md``). Past forward only the packets of
 weights released then are kept, the ones backward will gather again.
 """
 import torch
@@ -204,10 +204,12 @@ def _keep_released():
 def _window(original, keep_after):
     """The wrapper of an engine call (forward, backward) inside which kept packets are sent again: only for an
     engine with qwZ and with the rewrite seam installed (without it a rewritten partition would go unnoticed), the
-    outermost call only. ``keep_after``: its packets stay for the next call (forward's, for backward); else, and
-    when it raises, they are dropped as it returns."""
+    outermost call only. ``keep_after`` (forward's): every packet kept before is dropped first, and its packets
+    stay for the next call (backward); else, and when it raises, they are dropped as it returns."""
 
     def wrapper(engine, *args, **kwargs):
+        if keep_after and not KEPT.open:
+            forget_packets()  # whatever ran since the last forward may have written partitions
         if KEPT.open or not engine.zero_quantized_weights():
             return original(engine, *args, **kwargs)
         KEPT.open = REWRITE_SITE in replaced
@@ -238,14 +240,7 @@ def forward_pass(original):
     before may have written partitions), then keeps a partition's quantized packet from its first fetch and sends
     it again by later ones (:func:`quantize_once`) while its forward runs and while the backward after it runs
     (``backward_pass``). Without qwZ the original runs alone."""
-    window = _window(original, keep_after=True)
-
-    def wrapper(engine, *args, **kwargs):
-        if not KEPT.open:
-            forget_packets()
-        return window(engine, *args, **kwargs)
-
-    return wrapper
+    return _window(original, keep_after=True)
 
 
 def backward_pass(original):
