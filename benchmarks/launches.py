@@ -5,8 +5,8 @@ thing without a GPU, by what each op of the step is: rank 0 of a simulated world
 collectives free), every ATen op the step dispatches counted under a dispatch mode unless it launches nothing on a
 GPU (views, allocations, metadata), every collective one launch (NCCL's one kernel), and every call into the
 quantization backend one launch (the CUDA backend's one kernel per call; its bucket wait writes parts in place
-where its ``WRITES_PARTS`` says so, and the count follows that switch). The ops inside collectives and backend
-calls are not counted again. What the CPU world cannot tell apart: an op that a GPU job would run on a host tensor
+where its ``WRITES_PARTS`` says so, and the count follows that switch; its batches of quantizes hold at most
+``MAX_SEGMENTS`` partitions, as here). The ops inside collectives and backend calls are not counted again. What the CPU world cannot tell apart: an op that a GPU job would run on a host tensor
 counts as a launch too. Upstream's quantizer op has no CPU build, so its configurations cannot be counted here.
 
 The model is the simulated world's 1.4B GPT (``gpt-1.4b``: its parameters, so its fetches, buckets and
@@ -33,8 +33,8 @@ TOKENS = 64  # tokens per sequence fed (the model keeps its positions); launches
 # ATen ops that launch nothing on a GPU besides views: allocation, metadata, stream bookkeeping
 NO_LAUNCH = frozenset(("empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "set_", "resize_",
                        "record_stream", "lift_fresh", "detach", "alias", "_unsafe_view", "view"))
-BACKEND_FUNCTIONS = ("quantize", "quantize_into", "dequantize", "dequantize_ranks", "dequantize_parts_into",
-                     "qgz_encode", "qgz_reduce_encode", "qgz_decode_sum")
+BACKEND_FUNCTIONS = ("quantize", "quantize_into", "quantize_many_into", "dequantize", "dequantize_ranks",
+                     "dequantize_parts_into", "qgz_encode", "qgz_reduce_encode", "qgz_decode_sum")
 TOP = 12  # ops listed by their difference to the first configuration
 
 
@@ -140,6 +140,7 @@ def count(keys, world_size, steps):
         for key in keys:
             runner.set_patch(runner.CONFIGS[key])
             torch_ref.WRITES_PARTS = cuda.WRITES_PARTS  # as the CUDA backend's bucket waits run
+            torch_ref.MAX_SEGMENTS = cuda.MAX_SEGMENTS  # and its batches of quantizes, one kernel per call
             for i in range(2):  # uncounted: the first steps set up the optimizer's and the fetches' state
                 runner.step(engines[key], fed, plan.micro_batch, 100 + i)
             counter.by_phase.clear()
@@ -159,6 +160,7 @@ def count(keys, world_size, steps):
         fetch._keep_released = keep_released
         runner.set_patch(None)
         torch_ref.WRITES_PARTS = False
+        torch_ref.__dict__.pop("MAX_SEGMENTS", None)
         for engine in engines.values():
             runner.release(engine)
     return {"launches": results, "past_forward": past_forward}

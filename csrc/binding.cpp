@@ -250,6 +250,58 @@ void quantize_into(
     launch_quantize_into(device, input, format, groups, group_size, codes.data_ptr<int8_t>(), scales.data_ptr<float>());
 }
 
+// quantize_into() for several inputs of one device and dtype at once: inputs[i] into codes[i] and scales[i], in
+// groups[i] groups of group_sizes[i] elements; at most dszpp::kMaxSegments inputs, fewer than 2^31 groups in all. One
+// kernel where every input and its codes start on 16-byte boundaries (quantizer.h).
+void quantize_many_into(const std::vector<at::Tensor>& inputs,
+                        const std::vector<int64_t>& groups,
+                        const std::vector<int64_t>& group_sizes,
+                        const std::vector<at::Tensor>& codes,
+                        const std::vector<at::Tensor>& scales)
+{
+    const int64_t count = static_cast<int64_t>(inputs.size());
+    TORCH_CHECK(static_cast<int64_t>(groups.size()) == count && static_cast<int64_t>(group_sizes.size()) == count &&
+                    static_cast<int64_t>(codes.size()) == count && static_cast<int64_t>(scales.size()) == count,
+                message("one group count, group size, codes and scales per input, got ", count, " inputs, ",
+                        static_cast<int64_t>(groups.size()), " group counts, ", static_cast<int64_t>(group_sizes.size()),
+                        " group sizes, ", static_cast<int64_t>(codes.size()), " codes and ",
+                        static_cast<int64_t>(scales.size()), " scales"));
+    TORCH_CHECK(count <= dszpp::kMaxSegments,
+                message("at most ", static_cast<int64_t>(dszpp::kMaxSegments), " inputs per call, got ", count));
+    if (count == 0) return;
+    const dszpp::Format format = format_of(inputs[0].scalar_type(), "input");
+    std::vector<dszpp::QuantizeSegment> segments;
+    segments.reserve(count);
+    int64_t blocks = 0;
+    for (int64_t i = 0; i < count; ++i) {
+        const at::Tensor& input = inputs[i];
+        check_contiguous_cuda(input, "input");
+        check_same_device(input, inputs[0], "input", "the first input");
+        TORCH_CHECK(input.scalar_type() == inputs[0].scalar_type(),
+                    message("every input must have the first input's dtype ", dtype_name(inputs[0].scalar_type()),
+                            ", got ", dtype_name(input.scalar_type()), " at input ", i));
+        check_contiguous_cuda(codes[i], at::kChar, "codes");
+        check_contiguous_cuda(scales[i], at::kFloat, "scales");
+        check_same_device(codes[i], input, "codes", "input");
+        check_same_device(scales[i], input, "scales", "input");
+        const int64_t numel = input.numel();
+        check_groups(numel, groups[i], group_sizes[i]);
+        TORCH_CHECK(codes[i].numel() == numel,
+                    message("codes ", i, " must hold input ", i, "'s ", numel, " values, got ", codes[i].numel()));
+        TORCH_CHECK(scales[i].numel() == groups[i], message("scales ", i, " must hold ", groups[i],
+                                                            " values (one per group), got ", scales[i].numel()));
+        if (numel == 0) continue;
+        blocks += groups[i];
+        TORCH_CHECK(blocks <= INT32_MAX, message("at most 2^31 - 1 groups per call, got more by input ", i));
+        segments.push_back(dszpp::QuantizeSegment{input.data_ptr(), codes[i].data_ptr<int8_t>(),
+                                                  scales[i].data_ptr<float>(), groups[i], group_sizes[i], numel});
+    }
+    if (segments.empty()) return;
+    const OnDevice device(inputs[0]);
+    dszpp::launch_quantize_segments(format, segments.data(), static_cast<int64_t>(segments.size()), device.stream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // Returns a new tensor of the codes' shape in the format `format_id` names. A block_numel that is a multiple of
 // group_size means equal groups; any other: per-block layouts (quantizer.h). Scales may be [S] or [S, 1]: only their
 // count matters.
@@ -571,6 +623,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
           &dequantize,
           "codes, scales, group_size, block_numel, format id (0 fp16, 1 bf16, 2 fp32) -> codes[i] * scale of i");
     m.def("quantize_into", &quantize_into, "input, groups, group_size, codes, scales: quantize into given views");
+    m.def("quantize_many_into",
+          &quantize_many_into,
+          "inputs, groups, group sizes, codes, scales (lists, at most MAX_SEGMENTS): quantize_into for each");
+    m.attr("MAX_SEGMENTS") = static_cast<int64_t>(dszpp::kMaxSegments);
     m.def("dequantize_rows",
           &dequantize_rows,
           "codes [k, n], scales [k, G] (rows apart), group_size, format id -> [k, n] values");

@@ -25,10 +25,12 @@
 // 4196 for 128 threads of 4 loads; plain ld.global instead of the non-coherent load path 4204 against 4207; a
 // persistent grid-stride block that prefetches its next group before reducing the current one 3921 against 4190
 // (2048-element groups 3998 against 4221; with 4 loads 3675); 512 threads of 1 load 2988. None was kept.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "formats.cuh"
 #include "quantizer.h"
@@ -169,18 +171,22 @@ __device__ __forceinline__ void store_codes(const InPacket& packet, float multip
 // only ones of their bytes. An instantiation for groups that fill the block exactly (no bounds or edge checks: 32
 // registers instead of 42 for 16-bit 4096-element groups) measured +1-2% in 16-bit at 16M, level at 134M and 5% slower
 // in fp32 at 16M, so it was not kept.
+//
+// The block's work: group `group` of `input` (groups of group_size elements, the last one ending at numel). Both the
+// one-tensor kernel and the segments kernel below run it, one group per block.
 template <typename Fmt, int VEC, bool ONE_ROUND, int LOADS, bool STREAM>
-__global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fmt::Bits* __restrict__ input,
-                                                               int8_t* __restrict__ codes,
-                                                               float* __restrict__ scales,
-                                                               int64_t group_size,
-                                                               int64_t numel)
+__device__ __forceinline__ void quantize_group(const typename Fmt::Bits* __restrict__ input,
+                                               int8_t* __restrict__ codes,
+                                               float* __restrict__ scales,
+                                               int64_t group,
+                                               int64_t group_size,
+                                               int64_t numel)
 {
     using Bits = typename Fmt::Bits;
     using InPacket = PacketOf<Bits, VEC>;
     using CodePacket = PacketOf<int8_t, VEC>;
 
-    const int64_t start = static_cast<int64_t>(blockIdx.x) * group_size;
+    const int64_t start = group * group_size;
     const int64_t end = min(start + group_size, numel);
     const int64_t body_start = min((start + VEC - 1) / VEC * VEC, end);
     const int64_t body_end = max(end / VEC * VEC, body_start);
@@ -233,7 +239,7 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fm
     const float absmax = Fmt::to_float(block_max(magnitude));
     const bool finite = absmax <= FLT_MAX;  // false for inf and NaN
     const float multiplier = multiplier_for(absmax, finite);
-    if (threadIdx.x == 0) scales[blockIdx.x] = stored_scale(multiplier, finite);
+    if (threadIdx.x == 0) scales[group] = stored_scale(multiplier, finite);
 
     if constexpr (ONE_ROUND) {
         store(0, multiplier);
@@ -244,6 +250,48 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fm
         }
     }
     if (has_edge) codes[edge_index] = quantize_one<Fmt>(edge_bits, multiplier);
+}
+
+template <typename Fmt, int VEC, bool ONE_ROUND, int LOADS, bool STREAM>
+__global__ void __launch_bounds__(kMaxThreads) quantize_kernel(const typename Fmt::Bits* __restrict__ input,
+                                                               int8_t* __restrict__ codes,
+                                                               float* __restrict__ scales,
+                                                               int64_t group_size,
+                                                               int64_t numel)
+{
+    quantize_group<Fmt, VEC, ONE_ROUND, LOADS, STREAM>(input, codes, scales, blockIdx.x, group_size, numel);
+}
+
+// Several tensors in one launch (launch_quantize_segments): the grid numbers the groups of one segment after those of
+// the segment before, and a block finds its segment in the table it is passed by a scan over constant indices (no
+// dynamic indexing of kernel parameters, which would copy the table to local memory), as the dequantize kernel finds
+// its run. One block per group whatever the group size: the one-warp kernel's small groups are not worth a class of
+// their own here (ZeRO partitions are quantized in DeepSpeed's 2048- and 4096-element groups, or ours of up to 8000).
+struct Segment {
+    const void* input;
+    int8_t* codes;
+    float* scales;
+    int64_t group_size, numel, first_block;
+};
+struct Segments {
+    int count;
+    Segment segment[kMaxSegments];
+};
+
+template <typename Fmt, int VEC, bool ONE_ROUND, int LOADS>
+__global__ void __launch_bounds__(kMaxThreads) quantize_segments_kernel(const Segments table)
+{
+    const int64_t block = blockIdx.x;
+    int at = 0;
+#pragma unroll
+    for (int i = 1; i < kMaxSegments; ++i)
+        if (i < table.count && table.segment[i].first_block <= block) at = i;
+    Segment s = table.segment[0];
+#pragma unroll
+    for (int i = 1; i < kMaxSegments; ++i)
+        if (i == at) s = table.segment[i];
+    quantize_group<Fmt, VEC, ONE_ROUND, LOADS, false>(static_cast<const typename Fmt::Bits*>(s.input), s.codes,
+                                                      s.scales, block - s.first_block, s.group_size, s.numel);
 }
 
 // Small groups: one warp per group, several groups per block. A lane keeps its up to LOADS packets in registers
@@ -392,7 +440,52 @@ void launch(const void* input,
         launch_with<Fmt, 1>(bits, codes, scales, groups, group_size, numel, stream);
 }
 
+// One class of segments (the same vector width) in launches of at most kMaxSegments: the block size that covers the
+// largest group of the launch in one round (or two passes over groups too large for one).
+template <typename Fmt, int VEC>
+void launch_segments(const std::vector<QuantizeSegment>& segments, cudaStream_t stream)
+{
+    for (size_t first = 0; first < segments.size(); first += kMaxSegments) {
+        Segments table{};
+        int64_t blocks = 0, largest = 0;
+        for (size_t i = first; i < segments.size() && i < first + kMaxSegments; ++i) {
+            const QuantizeSegment& s = segments[i];
+            table.segment[table.count++] = Segment{s.input, s.codes, s.scales, s.group_size, s.numel, blocks};
+            blocks += s.groups;
+            largest = std::max(largest, (s.group_size + VEC - 1) / VEC);
+        }
+        if (blocks == 0) continue;
+        if (largest <= kSmallPackets) {
+            quantize_segments_kernel<Fmt, VEC, true, kSmallLoads>
+                <<<blocks, threads_for(largest, kSmallLoads), 0, stream>>>(table);
+            continue;
+        }
+        const int threads = threads_for(largest, kLoads);
+        if (threads * static_cast<int64_t>(kLoads) >= largest)
+            quantize_segments_kernel<Fmt, VEC, true, kLoads><<<blocks, threads, 0, stream>>>(table);
+        else
+            quantize_segments_kernel<Fmt, VEC, false, kLoads><<<blocks, threads, 0, stream>>>(table);
+    }
+}
+
 }  // namespace
+
+void launch_quantize_segments(Format format, const QuantizeSegment* segments, int64_t count, cudaStream_t stream)
+{
+    dispatch_format(format, [&](auto fmt) {
+        using Fmt = decltype(fmt);
+        std::vector<QuantizeSegment> wide, narrow;  // 16-byte aligned input and codes, or not
+        for (int64_t i = 0; i < count; ++i) {
+            const QuantizeSegment& s = segments[i];
+            if (s.numel == 0) continue;
+            const bool aligned =
+                reinterpret_cast<uintptr_t>(s.input) % 16 == 0 && reinterpret_cast<uintptr_t>(s.codes) % 16 == 0;
+            (aligned ? wide : narrow).push_back(s);
+        }
+        launch_segments<Fmt, 16 / sizeof(typename Fmt::Bits)>(wide, stream);
+        launch_segments<Fmt, 1>(narrow, stream);
+    });
+}
 
 void launch_quantize(Format format,
                      const void* input,

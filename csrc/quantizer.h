@@ -23,6 +23,18 @@ void launch_quantize(Format format,
                      int64_t numel,
                      cudaStream_t stream);
 
+// launch_quantize for several tensors of one format at once: segment i as launch_quantize(format, input, codes,
+// scales, groups, group_size, numel) would quantize it, the same codes and scales. One kernel for every kMaxSegments
+// segments whose input and codes are 16-byte aligned, and one for every kMaxSegments of the others.
+constexpr int kMaxSegments = 32;
+struct QuantizeSegment {
+    const void* input;
+    int8_t* codes;
+    float* scales;
+    int64_t groups, group_size, numel;
+};
+void launch_quantize_segments(Format format, const QuantizeSegment* segments, int64_t count, cudaStream_t stream);
+
 // out[i] = codes[i] * scales[group of i], for i < numel. When block_numel is a multiple of group_size the group of i
 // is i / group_size (numel may be a prefix of the groups). Otherwise the codes are blocks of block_numel elements,
 // each quantized on its own in G = ceil(block_numel / group_size) groups with a short last one (numel may be a prefix

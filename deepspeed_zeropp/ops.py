@@ -298,9 +298,7 @@ def quantize_packed(x, groups=None, backend="auto"):
     if call is None:
         call = _checked_packed(x, groups, backend, key)
     impl, layout = call
-    buffer = torch.empty(layout.nbytes, dtype=torch.uint8, device=x.device)
-    codes = buffer[:layout.numel].view(torch.int8)
-    scales = buffer[layout.scales_at:layout.scales_at + int8.SCALE_BYTES * layout.groups].view(torch.float32)
+    buffer, codes, scales = _new_packet(layout, x.device)
     into = getattr(impl, "quantize_into", None)
     if into is not None:
         into(x if x.is_contiguous() else x.contiguous(), layout.groups, layout.group_size, codes, scales)
@@ -308,7 +306,48 @@ def quantize_packed(x, groups=None, backend="auto"):
         own_codes, own_scales = quantize(x, groups, backend)
         codes.copy_(own_codes.reshape(-1))
         scales.copy_(own_scales.reshape(-1))
-    codes = codes.view(x.shape)
+    return _handed_out(buffer, layout, codes, scales, x.shape)
+
+
+def quantize_packed_many(xs, backend="auto"):
+    """``[quantize_packed(x, backend=backend) for x in xs]``, the same packets, with fewer backend calls: a backend
+    with ``quantize_many_into`` quantizes the inputs of one device and dtype together, ``MAX_SEGMENTS`` of them per
+    call where the backend has that limit (one kernel a call on the CUDA backend); other inputs go one by one."""
+    results = [None] * len(xs)
+    batches = {}
+    for i, x in enumerate(xs):
+        key, call = _recall(_packed_calls, _quantize_key, x, None, backend)
+        if call is None:
+            call = _checked_packed(x, None, backend, key)
+        impl = call[0]
+        if getattr(impl, "quantize_many_into", None) is None or not x.is_contiguous():
+            results[i] = quantize_packed(x, None, backend)
+        else:
+            batches.setdefault((impl, x.device, x.dtype), []).append((i, call[1]))
+    for (impl, device, _), members in batches.items():
+        limit = getattr(impl, "MAX_SEGMENTS", None) or len(members)
+        for at in range(0, len(members), limit):
+            chunk = members[at:at + limit]
+            packets = [_new_packet(layout, device) for _, layout in chunk]
+            impl.quantize_many_into([xs[i] for i, _ in chunk], [layout.groups for _, layout in chunk],
+                                    [layout.group_size for _, layout in chunk], [codes for _, codes, _ in packets],
+                                    [scales for _, _, scales in packets])
+            for (i, layout), (buffer, codes, scales) in zip(chunk, packets):
+                results[i] = _handed_out(buffer, layout, codes, scales, xs[i].shape)
+    return results
+
+
+def _new_packet(layout, device):
+    """A new packet's byte buffer for ``layout`` (an ``int8.Packet``) and its flat codes and scales views."""
+    buffer = torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
+    codes = buffer[:layout.numel].view(torch.int8)
+    scales = buffer[layout.scales_at:layout.scales_at + int8.SCALE_BYTES * layout.groups].view(torch.float32)
+    return buffer, codes, scales
+
+
+def _handed_out(buffer, layout, codes, scales, shape):
+    """(codes in ``shape``, scales) as quantize_packed returns them, each carrying the packet's PacketInfo."""
+    codes = codes.view(shape)
     # on the tensors handed out (views of another dtype keep no link to their buffer); the closures pass them on
     info = PacketInfo(buffer, layout)
     setattr(codes, _PACKET, info)

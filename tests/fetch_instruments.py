@@ -4,8 +4,10 @@ ZeRO-3 weight fetches cost in collectives and operations, and whether packets ca
 - every run reports ``collectives``: all-gathers issued through DeepSpeed's communication backend during the training
   steps, in all (``all_gathers``) and by the dtype of what was sent (``uint8``: packets; ``int8``: codes sent on
   their own; ``float32`` also counts fp32 scales sent on their own), and ``packets``: packet all-gathers issued by
-  the fetch seam (``PacketGather`` handles made), ``quantizes`` (packets made) and ``reused`` (packets forward or
-  backward sent again instead of quantizing the partition again: ``fetch.quantize_once``), and ``past_forward``: the
+  the fetch seam (``PacketGather`` handles made), ``quantizes`` (packets made one by one), ``batches`` and
+  ``batched`` (calls of ``ops.quantize_packed_many``, and the packets a forward made ahead in them) and ``reused``
+  (packets forward or backward sent again instead of quantizing the partition again: ``fetch.quantize_once``), and
+  ``past_forward``: the
   packets held as forwards returned and those of them kept for the backward (``fetch._keep_released``), summed
   over the steps. Name this module before
   others whose ``after_training`` gathers.
@@ -109,7 +111,8 @@ def before_step(job, step):
     packets = job.counters("packets")
     packets.spy(fetch.PacketGather, "__init__", "packet_all_gathers")
     packets.spy(ops, "quantize_packed", "quantizes")
-    job.reused_before = fetch.KEPT.reused
+    packets.spy(ops, "quantize_packed_many", "batches")
+    job.reused_before, job.batched_before = fetch.KEPT.reused, fetch.KEPT.batched
     job.past_forward = {"held": 0, "kept": 0}
     keep_released = job.keep_released = fetch._keep_released
 
@@ -174,6 +177,7 @@ def after_training(job):
         job.result[field] = dict(job.result.get(field, {}))
     from deepspeed_zeropp.patching.seams import fetch
     job.result["packets"]["reused"] = fetch.KEPT.reused - job.reused_before
+    job.result["packets"]["batched"] = fetch.KEPT.batched - job.batched_before
     job.result["packets"]["past_forward"] = job.past_forward
     fetch._keep_released = job.keep_released
     persistent = getattr(job.engine.optimizer, "persistent_parameters", [])

@@ -35,6 +35,9 @@ class Backend(Protocol):
     gathered buffer (``codes`` [k, n] and ``scales`` [k, G], strided views; ``layout``: the packets' ``gathered``,
     one block per row) into a new [k, n] tensor. Without them ``ops`` copies into and out of the packets around
     ``quantize`` / ``dequantize`` (same values, more copies; ``torch_ref`` and ``cuda`` offer both).
+    ``quantize_many_into(xs, groups, group_sizes, codes, scales)`` is ``quantize_into`` for several inputs of one
+    device and dtype (lists), at most the module's ``MAX_SEGMENTS`` where it sets one (``cuda``: one kernel a call);
+    ``ops.quantize_packed_many`` calls it, else ``quantize_packed`` per input.
     ``dequantize_parts_into(codes, scales, layout, first_columns, outs)`` writes columns ``first_columns[i]`` on of
     such rows (``codes`` and ``scales`` the rows' whole [k, n] and [k, G]) into ``outs[i]``, a contiguous [k, m_i]:
     each parameter's part of every rank, straight into its buffer; ``ops.dequantize_packed_parts`` calls it where

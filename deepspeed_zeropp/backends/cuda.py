@@ -165,6 +165,16 @@ def quantize_into(x, groups, group_size, codes, scales):
     (_module or _extension()).quantize_into(x, groups, group_size, codes, scales)
 
 
+MAX_SEGMENTS = 32  # inputs per quantize_many_into call: csrc/quantizer.h's kMaxSegments (the extension checks it)
+
+
+def quantize_many_into(xs, groups, group_sizes, codes, scales):
+    """``quantize_into`` for each of ``xs`` (contiguous, of one device and dtype, at most ``MAX_SEGMENTS``) into
+    ``codes[i]`` and ``scales[i]``: one kernel where every input and its codes start on 16-byte boundaries (two
+    otherwise), the same values as one call each."""
+    (_module or _extension()).quantize_many_into(xs, groups, group_sizes, codes, scales)
+
+
 ROWS_LIMIT = 65535  # rows one dequantize_rows call reads (its grid's second dimension)
 
 

@@ -44,6 +44,12 @@ def quantize_into(x, groups, group_size, codes, scales):
     codes.view(-1).copy_(scaled.view(-1)[:x.numel()])
 
 
+def quantize_many_into(xs, groups, group_sizes, codes, scales):
+    """``quantize_into`` for each of ``xs`` (the CUDA backend's batch, here one input after another)."""
+    for x, count, size, out, out_scales in zip(xs, groups, group_sizes, codes, scales):
+        quantize_into(x, count, size, out, out_scales)
+
+
 def dequantize(codes, scales, layout, dtype):
     """Dequantize contiguous ``codes`` (read flat; the result has their shape) with per-group ``scales`` into
     ``dtype``, in ``layout`` (a ``grouping.GatheredLayout``): element i times the scale of group

@@ -24,6 +24,13 @@ class QuantizerMethods:
             return param.zero_(), DEFERRED
         return ops.quantize_packed(param, groups, backend=backends.default())
 
+    def quantize_many(self, params):
+        """``quantize`` of each of ``params`` (default groups), the same packets, made together (``ops``'s batch:
+        one kernel for many on the CUDA backend); None while quantization is deferred."""
+        if quantize_is_deferred():
+            return None
+        return ops.quantize_packed_many(params, backend=backends.default())
+
     def dequantize(self, quantized_param, scale, dtype=None):
         """Dequantize to ``dtype``, else to the dtype the enclosing patched gather site recorded from its
         parameters, else fp16. The site also says how the gathered codes are laid out (one quantized block per

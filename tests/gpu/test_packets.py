@@ -134,3 +134,45 @@ def test_parts_past_the_rows_limit():
     expected = ops.dequantize_packed_parts(received, info.layout, parts, dtypes, backend="torch")
     for out, want in zip(outs, expected):
         assert_bitwise(out.cpu(), want)
+
+
+# Many partitions quantized at once (ops.quantize_packed_many, the batch a forward's first fetch makes): every size
+# above, each dtype, inputs and codes that are not 16-byte aligned (a second kernel), past MAX_SEGMENTS (more calls).
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset", [0, 1])
+def test_many_packets_match_one_by_one(dtype, offset):
+    gen = torch.Generator().manual_seed(11)
+    sizes = SIZES + [2 * 70001, 64 * 4096, 3 * 12288]  # and groups of ours and DeepSpeed's sizes
+    flat = (torch.randn(sum(sizes) + offset, generator=gen) * 5).to(dtype).cuda()
+    xs = list(flat[offset:].split(sizes))
+    many = ops.quantize_packed_many(xs, backend="cuda")
+    for x, (codes, scales) in zip(xs, many):
+        want_codes, want_scales = ops.quantize_packed(x.cpu(), backend="torch")
+        assert codes.shape == x.shape and ops.packet_of(codes) is ops.packet_of(scales)
+        assert_bitwise(codes.cpu(), want_codes)
+        assert_bitwise(scales.cpu(), want_scales)
+        assert ops.packet_of(codes).layout == ops.packet_of(want_codes).layout
+
+
+@pytest.mark.parametrize("count, kernels", [(1, 1), (32, 1), (33, 2), (100, 4)])
+def test_many_partitions_cost_one_kernel_per_32(count, kernels):
+    """Aligned partitions of one dtype: one kernel for every MAX_SEGMENTS, instead of one each."""
+    from deepspeed_zeropp.backends import cuda as cuda_backend
+    assert cuda_backend.MAX_SEGMENTS == cuda_backend._extension().MAX_SEGMENTS == 32
+    xs = [t.view(-1) for t in torch.randn(count, 4096, device="cuda", dtype=torch.bfloat16).unbind()]
+    launched = _kernels_of(lambda: ops.quantize_packed_many(xs, backend="cuda"))
+    assert len(launched) == kernels, launched
+
+
+def test_many_rejects_what_one_call_cannot_take():
+    from deepspeed_zeropp.backends import cuda as cuda_backend
+    extension = cuda_backend._extension()
+    xs = [torch.zeros(16, device="cuda", dtype=torch.bfloat16), torch.zeros(16, device="cuda")]
+    codes = [torch.empty(16, dtype=torch.int8, device="cuda") for _ in xs]
+    scales = [torch.empty(1, device="cuda") for _ in xs]
+    with pytest.raises(RuntimeError, match="first input's dtype"):
+        extension.quantize_many_into(xs, [1, 1], [16, 16], codes, scales)
+    with pytest.raises(RuntimeError, match="at most 32 inputs"):
+        extension.quantize_many_into(xs[:1] * 33, [1] * 33, [16] * 33, codes[:1] * 33, scales[:1] * 33)
+    with pytest.raises(RuntimeError, match="one group count"):
+        extension.quantize_many_into(xs, [1], [16, 16], codes, scales)

@@ -199,7 +199,8 @@ def test_a_forward_quantizes_each_partition_once():
     smaller than a weight, as the HF Trainer's "auto" sizes make them, a reuse distance of about one layer):
     DeepSpeed gathers some weights twice in one step, and the second fetch sends the packet of the first
     (``fetch.quantize_once``). Bit for bit the training of the twin without the engine's forward and backward seams,
-    which quantizes at every fetch; the same packet all-gathers, fewer quantizes by the packets sent again."""
+    which quantizes at every fetch; the same packet all-gathers, fewer quantizes by the packets sent again, and
+    from the second step on those of weights a fetch of their own made in one batch at the first fetch."""
     zero = {
         "stage3_param_persistence_threshold": 1280,
         "stage3_prefetch_bucket_size": 14746,
@@ -216,7 +217,10 @@ def test_a_forward_quantizes_each_partition_once():
     assert "error" not in once, once.get("traceback")
     assert once["losses"] == every["losses"] and once["digest"] == every["digest"]
     assert once["packets"]["reused"] >= 5 and every["packets"]["reused"] == 0  # 29 over 5 steps at 355eb03
-    assert once["packets"]["quantizes"] == every["packets"]["quantizes"] - once["packets"]["reused"]
+    # each forward after the first quantizes the partitions the one before fetched in one batch
+    made = once["packets"]["quantizes"] + once["packets"]["batched"]
+    assert made == every["packets"]["quantizes"] - once["packets"]["reused"], once["packets"]
+    assert once["packets"]["batches"] == STEPS - 1 and once["packets"]["batched"] > 0  # 80 of 184 made
     assert once["packets"]["packet_all_gathers"] == every["packets"]["packet_all_gathers"]
     # backward sends again packets of weights released in forward, kept past it for those only
     assert forward["losses"] == every["losses"] and forward["digest"] == every["digest"]

@@ -41,6 +41,39 @@ def test_quantize_packed_equals_quantize(numel, dtype):
     assert codes.data_ptr() == buffer.data_ptr() and scales.data_ptr() == buffer.data_ptr() + layout.scales_at
 
 
+@pytest.mark.parametrize("limit", [None, 2])
+def test_quantize_packed_many_equals_one_by_one(limit, monkeypatch):
+    """The batch gives each input quantize_packed's packet (its own buffer and layout), inputs of one device and dtype
+    in calls of at most the backend's MAX_SEGMENTS, the other dtypes in calls of their own; a non-contiguous input
+    goes alone."""
+    calls = []
+    many_into = torch_ref.quantize_many_into
+
+    def counted(xs, *args):
+        calls.append([x.dtype for x in xs])
+        many_into(xs, *args)
+
+    monkeypatch.setattr(torch_ref, "quantize_many_into", counted)
+    if limit is not None:
+        monkeypatch.setattr(torch_ref, "MAX_SEGMENTS", limit, raising=False)
+    gen = torch.Generator().manual_seed(3)
+    dtypes = [torch.bfloat16, torch.float32, torch.bfloat16, torch.bfloat16, torch.float16, torch.bfloat16]
+    xs = [(torch.randn(numel, generator=gen) * 3).to(dtype) for numel, dtype in zip(SIZES, dtypes)]
+    xs.append(torch.randn(40, 30, generator=gen).t())
+    results = ops.quantize_packed_many(xs, backend="torch")
+    for x, (codes, scales) in zip(xs, results):
+        want_codes, want_scales = ops.quantize_packed(x, backend="torch")
+        assert_bitwise(codes, want_codes)
+        assert_bitwise(scales, want_scales)
+        info = ops.packet_of(codes)
+        assert info is ops.packet_of(scales) and info.layout == ops.packet_of(want_codes).layout
+        assert info.buffer.numel() == info.layout.nbytes and codes.data_ptr() == info.buffer.data_ptr()
+    bf16 = [torch.bfloat16] * 4
+    assert calls == ([bf16, [torch.float32], [torch.float16]]
+                     if limit is None else [bf16[:2], bf16[2:], [torch.float32], [torch.float16]])
+    assert ops.quantize_packed_many([], backend="torch") == []
+
+
 def _gathered(parts):
     """What an all-gather of packets (one per rank) and of codes and scales apart would receive."""
     packed = [ops.quantize_packed(part, backend="torch") for part in parts]

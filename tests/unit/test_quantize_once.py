@@ -1,7 +1,8 @@
 """One quantize per partition and step (``patching/seams/fetch.py``): inside the engine's forward and the backward
 after it a parameter's partition quantized again returns the packet its first fetch made, unless the partition was
 written in between (its version, its address, or a rewrite through ``Init._partition_param``); the next forward
-starts afresh; outside them, for other tensors and with explicit groups, every call quantizes."""
+starts afresh, quantizing the partitions the last one fetched at once at its first fetch of one; outside them, for
+other tensors and with explicit groups, every call quantizes."""
 import gc
 import types
 import weakref
@@ -23,18 +24,23 @@ def partition(numel=1000, seed=0):
 
 @pytest.fixture
 def quantize(monkeypatch):
-    """The wrapped quantizer method, counting the packets it makes; the rewrite seam counted as installed."""
+    """The wrapped quantizer method, counting the packets it makes one by one (``made``) and the partitions of each
+    batch (``batches``, their ids); the rewrite seam counted as installed."""
     monkeypatch.setitem(installed.replaced, fetch.REWRITE_SITE, None)
-    monkeypatch.setattr(fetch.KEPT, "packets", {})
-    monkeypatch.setattr(fetch.KEPT, "released", set())
-    made = []
+    for name, empty in (("packets", {}), ("released", set()), ("fresh", set()), ("fetched", {}), ("plan", {})):
+        monkeypatch.setattr(fetch.KEPT, name, empty)
+    made, batches = [], []
 
     def method(quantizer, param, groups=None):
         made.append(param)
         return ops.quantize_packed(param, groups, backend="torch")
 
-    wrapped = fetch.quantize_once(method)
-    wrapped.made = made
+    def many(quantizer, params):
+        batches.append([id(param) for param in params])
+        return ops.quantize_packed_many(params, backend="torch")
+
+    wrapped = fetch.quantize_once(method, many)
+    wrapped.made, wrapped.batches = made, batches
     return wrapped
 
 
@@ -107,17 +113,20 @@ def test_a_forward_without_autograd_keeps_nothing_past_it(quantize):
 
 
 def test_nothing_of_a_partition_outlives_its_step(quantize):
-    quantize = fetch.quantize_once(lambda quantizer, param, groups=None: ops.quantize_packed(param, groups, "torch"))
+    quantize = fetch.quantize_once(lambda quantizer, param, groups=None: ops.quantize_packed(param, groups, "torch"),
+                                   lambda quantizer, params: ops.quantize_packed_many(params, "torch"))
 
     def step():
         x = partition()
-        in_forward(lambda: fetch_and_release(quantize, x))
-        in_backward(lambda: quantize(None, x))
+        for _ in range(2):  # the second forward quantizes it ahead
+            in_forward(lambda: fetch_and_release(quantize, x))
+            in_backward(lambda: quantize(None, x))
         return weakref.ref(x)
 
+    batched = fetch.KEPT.batched
     alive = step()
     gc.collect()
-    assert alive() is None  # no packet, nor the partition it was made of, is held once backward returns
+    assert alive() is None and fetch.KEPT.batched == batched + 1  # nothing of it is held once backward returns
 
 
 def test_the_next_forward_drops_the_last_ones_packets(quantize):
@@ -127,6 +136,76 @@ def test_the_next_forward_drops_the_last_ones_packets(quantize):
     x.data.copy_(partition(seed=1))  # a write nothing sees (as an optimizer's or a checkpoint load's)
     second = in_forward(lambda: quantize(None, x))
     assert second is not first and same_values(second, ops.quantize_packed(x, backend="torch"))
+
+
+def test_the_next_forward_quantizes_the_last_ones_partitions_at_once(quantize):
+    xs = [partition(seed=i) for i in range(3)]
+    in_forward(lambda: [fetch_and_release(quantize, x) for x in xs])
+    assert len(quantize.made) == 3 and quantize.batches == []
+    for i, x in enumerate(xs):
+        x.data.copy_(partition(seed=10 + i))  # the optimizer's step: a write nothing sees
+    reused, batched = fetch.KEPT.reused, fetch.KEPT.batched
+
+    def body():
+        assert quantize.batches == []  # nothing before the first fetch
+        return [quantize(None, x) for x in reversed(xs)]
+
+    sent = in_forward(body)
+    assert quantize.batches == [[id(x) for x in xs]] and len(quantize.made) == 3
+    assert fetch.KEPT.reused == reused and fetch.KEPT.batched == batched + 3  # made ahead, sent once: no reuse
+    for x, packet in zip(reversed(xs), sent):
+        assert same_values(packet, ops.quantize_packed(x, backend="torch"))  # the values at the forward, not before
+
+
+def test_a_partition_written_after_the_batch_is_quantized_again(quantize):
+    x, y = partition(), partition(seed=1)
+    in_forward(lambda: (quantize(None, x), quantize(None, y)))
+
+    def body():
+        quantize(None, x)  # quantizes x and y
+        y.copy_(partition(seed=2))  # in place: its version moves
+        return quantize(None, y)
+
+    second = in_forward(body)
+    assert len(quantize.batches) == 1 and quantize.made[2:] == [y]
+    assert same_values(second, ops.quantize_packed(y, backend="torch"))
+
+
+def test_only_partitions_where_they_were_are_quantized_ahead(quantize):
+    x, y, z = partition(), partition(seed=1), [partition(seed=2)]
+    in_forward(lambda: [quantize(None, t) for t in (x, y, z[0])])
+    y.data = partition(seed=3)  # new memory (a swap-in, a checkpoint loaded into new buffers)
+    dead = weakref.ref(z.pop())
+    quantize.made.clear()
+    gc.collect()
+    assert dead() is None  # the plan holds no partition alive
+    in_forward(lambda: (quantize(None, x), quantize(None, y)))
+    assert quantize.batches == [[id(x)]] and quantize.made == [y]
+
+
+def test_a_partition_made_ahead_but_not_fetched_is_dropped_and_not_planned(quantize):
+    x, y = partition(), partition(seed=1)
+    in_forward(lambda: (fetch_and_release(quantize, x), fetch_and_release(quantize, y)))
+    in_forward(lambda: fetch_and_release(quantize, x))  # quantizes x and y; y not fetched
+    assert list(fetch.KEPT.packets) == [id(x)] and fetch.KEPT.fresh == set()
+    in_forward(lambda: quantize(None, x))
+    assert quantize.batches == [[id(x), id(y)], [id(x)]] and len(quantize.made) == 2
+
+
+def test_without_a_batch_each_fetch_quantizes(quantize):
+    """A quantizer whose batch answers None (quantization deferred), or none at all: one quantize per fetch."""
+    x, made = partition(), []
+
+    def method(quantizer, param, groups=None):
+        made.append(param)
+        return ops.quantize_packed(param, groups, backend="torch")
+
+    batched = fetch.KEPT.batched
+    for batch in (lambda quantizer, params: None, None):
+        wrapped = fetch.quantize_once(method, batch)
+        in_forward(lambda: wrapped(None, x))
+        in_forward(lambda: wrapped(None, x))
+    assert len(made) == 4 and fetch.KEPT.batched == batched
 
 
 def test_outside_a_forward_every_call_quantizes(quantize):

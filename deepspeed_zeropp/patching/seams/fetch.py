@@ -19,8 +19,13 @@ Within one step a partition is quantized once (:func:`forward_pass`, :func:`back
 the step's trace into backward's order) or in backward. A later fetch sends the packet the first one made: the
 same bytes, one quantize launch fewer (the 1.4B GPT with the HF Trainer's "auto" buckets: 53 of 153 quantizes a
 step, 30 in forward and 23 in backward, ``benchmarks/results/zeropp_bound.md``). Past forward only the packets of
-weights released then are kept, the ones backward will gather again.
+weights released then are kept, the ones backward will gather again. And the partitions a forward fetched are
+quantized together at the next forward's first fetch of one of them (:func:`quantize_once`'s ``quantize_many``: one
+kernel for up to 32 on the CUDA backend), not one kernel per fetch: their values are read then, as a fetch would
+read them, and a later fetch sends the packet if the partition is unchanged, else quantizes it again.
 """
+import weakref
+
 import torch
 
 from ... import backends, ops
@@ -162,15 +167,21 @@ def complete_bucket(handle, dtypes):
 
 class _Kept:
     """The packets quantized in the step's forward and backward (``forward_pass``, ``backward_pass``): ``open`` while
-    one of them runs, ``packets`` maps id(partition) to (partition, its ``_version``, its ``data_ptr()``, (codes,
-    scales)); ``released`` holds the ids of those whose parameter DeepSpeed released since it was last gathered;
-    ``reused`` counts the quantizes saved since the patch was loaded (the tests read it)."""
+    one of them runs (``forward`` while it is the forward), ``packets`` maps id(partition) to (partition, its
+    ``_version``, its ``data_ptr()``, (codes, scales)); ``released`` holds the ids of those whose parameter DeepSpeed
+    released since it was last gathered; ``fresh`` those made ahead of their fetch and not sent yet. ``fetched``
+    maps the id of each partition this forward fetched to (a weak reference, its address, numel and dtype): the
+    ``plan`` of the next forward, quantized at once. ``reused`` counts the quantizes saved by sending a packet again,
+    ``batched`` the packets made ahead, since the patch was loaded (the tests read them)."""
 
     def __init__(self):
-        self.open = False
+        self.open = self.forward = False
         self.packets = {}
         self.released = set()
-        self.reused = 0
+        self.fresh = set()
+        self.fetched = {}
+        self.plan = {}
+        self.reused = self.batched = 0
 
 
 KEPT = _Kept()
@@ -181,6 +192,7 @@ def forget_packets():
     ``has_been_updated``), or the step's backward ended."""
     KEPT.packets.clear()
     KEPT.released.clear()
+    KEPT.fresh.clear()
 
 
 def partition_released(partition):
@@ -199,6 +211,7 @@ def _keep_released():
         return
     for key in [key for key in KEPT.packets if key not in KEPT.released]:
         del KEPT.packets[key]
+    KEPT.fresh.intersection_update(KEPT.packets)
 
 
 def _window(original, keep_after):
@@ -213,13 +226,17 @@ def _window(original, keep_after):
         if KEPT.open or not engine.zero_quantized_weights():
             return original(engine, *args, **kwargs)
         KEPT.open = REWRITE_SITE in replaced
+        if KEPT.open and keep_after:
+            KEPT.forward = True
+            KEPT.plan, KEPT.fetched = KEPT.fetched, {}
         kept = False
         try:
             result = original(engine, *args, **kwargs)
             kept = keep_after
             return result
         finally:
-            KEPT.open = False
+            KEPT.open = KEPT.forward = False
+            KEPT.plan = {}
             if kept:
                 _keep_released()
             else:
@@ -253,25 +270,68 @@ def backward_pass(original):
     return _window(original, keep_after=False)
 
 
-def quantize_once(quantize):
+def quantize_once(quantize, quantize_many=None):
     """``quantize`` (the quantizer's method), returning inside the engine's forward or backward the packet it
     already made of the same partition in this step: the same tensor object (a parameter's ``ds_tensor``, which has
     ``ds_numel``; a bucket's concatenation is new at every fetch), at the same ``_version`` and address, default
     groups. The kept packet is the one the first fetch all-gathered, unchanged: fetches read it and write only their
-    receive buffers."""
+    receive buffers.
+
+    ``quantize_many(quantizer, partitions)`` (the quantizer's batch, or None: it may return None): at a forward's
+    first fetch of a partition that the forward before fetched, every such partition still at its address, numel
+    and dtype is quantized there, in one call, and its packet kept as if that fetch had made it. On a CUDA device the
+    fetching stream first waits for the default stream, where DeepSpeed's optimizer wrote the partitions: DeepSpeed
+    orders a partition's quantize after those writes only for the partition it fetches."""
 
     def method(quantizer, param, groups=None):
         if not KEPT.open or groups is not None:
             return quantize(quantizer, param, groups)
         key = id(param)
+        if key in KEPT.plan:
+            _quantize_planned(quantizer, quantize_many)
         kept = KEPT.packets.get(key)
         KEPT.released.discard(key)  # gathered again now
         if kept is not None and kept[0] is param and kept[1] == param._version and kept[2] == param.data_ptr():
-            KEPT.reused += 1
-            return kept[3]
-        result = quantize(quantizer, param, groups)
-        if getattr(param, "ds_numel", None) is not None and ops.packet_of(result[0]) is not None:
+            if key in KEPT.fresh:
+                KEPT.fresh.discard(key)
+            else:
+                KEPT.reused += 1
+            result = kept[3]
+        else:
+            result = quantize(quantizer, param, groups)
+            if getattr(param, "ds_numel", None) is None or ops.packet_of(result[0]) is None:
+                return result
             KEPT.packets[key] = (param, param._version, param.data_ptr(), result)
+        if KEPT.forward:
+            KEPT.fetched[key] = (weakref.ref(param), param.data_ptr(), param.numel(), param.dtype)
         return result
 
     return method
+
+
+def _quantize_planned(quantizer, quantize_many):
+    """Quantize at once the partitions of ``KEPT.plan`` (emptied) that are alive, unchanged in address, numel and
+    dtype, and not kept already; keep their packets as ``fresh``."""
+    plan, KEPT.plan = KEPT.plan, {}
+    if quantize_many is None:
+        return
+    partitions = []
+    for key, (ref, address, numel, dtype) in plan.items():
+        partition = ref()
+        if (partition is not None and key not in KEPT.packets and partition.data_ptr() == address
+                and partition.numel() == numel and partition.dtype == dtype):
+            partitions.append(partition)
+    if not partitions:
+        return
+    device = partitions[0].device
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).wait_stream(torch.cuda.default_stream(device))
+    packets = quantize_many(quantizer, partitions)
+    if packets is None:
+        return
+    for partition, packet in zip(partitions, packets):
+        if ops.packet_of(packet[0]) is not None:
+            key = id(partition)
+            KEPT.packets[key] = (partition, partition._version, partition.data_ptr(), packet)
+            KEPT.fresh.add(key)
+            KEPT.batched += 1

@@ -32,10 +32,11 @@ quantizer_init = replace_with(QuantizerMethods.__init__,
                               why="Why this seam: upstream's constructor loads the fp16-only CUDA op, which does not "
                               "exist on CPU and is not needed by our backends; only "
                               "``backend=\"deepspeed\"`` loads it (lazily, on first use).")
-quantizer_quantize = agreed_first(fetch.quantize_once(QuantizerMethods.quantize),
+quantizer_quantize = agreed_first(fetch.quantize_once(QuantizerMethods.quantize, QuantizerMethods.quantize_many),
                                   why="Why this seam: upstream reads every input as fp16 bits; ours quantizes each "
                                   "dtype natively and picks a bounded group layout for any size "
-                                  "(formats/grouping.py), once per partition and forward pass (seams/fetch.py).")
+                                  "(formats/grouping.py), once per partition and step, those of a forward at once "
+                                  "(seams/fetch.py).")
 quantizer_dequantize = replace_with(QuantizerMethods.dequantize,
                                     why="Why this seam: upstream always returns fp16. An explicit ``dtype`` wins; "
                                     "otherwise the dtype the enclosing patched gather site recorded from its "
