@@ -292,17 +292,17 @@ def quantize_once(quantize, quantize_many=None):
         kept = KEPT.packets.get(key)
         KEPT.released.discard(key)  # gathered again now
         if kept is not None and kept[0] is param and kept[1] == param._version and kept[2] == param.data_ptr():
-            if key in KEPT.fresh:
-                KEPT.fresh.discard(key)
-            else:
+            if key not in KEPT.fresh:
                 KEPT.reused += 1
+                return kept[3]  # its first fetch in this step noted it
+            KEPT.fresh.discard(key)
             result = kept[3]
         else:
             result = quantize(quantizer, param, groups)
             if getattr(param, "ds_numel", None) is None or ops.packet_of(result[0]) is None:
                 return result
             KEPT.packets[key] = (param, param._version, param.data_ptr(), result)
-        if KEPT.forward:
+        if KEPT.forward:  # its first fetch in this step: the next forward's plan
             KEPT.fetched[key] = (weakref.ref(param), param.data_ptr(), param.numel(), param.dtype)
         return result
 
