@@ -27,7 +27,8 @@ def quantize(monkeypatch):
     """The wrapped quantizer method, counting the packets it makes one by one (``made``) and the partitions of each
     batch (``batches``, their ids); the rewrite seam counted as installed."""
     monkeypatch.setitem(installed.replaced, fetch.REWRITE_SITE, None)
-    for name, empty in (("packets", {}), ("released", set()), ("fresh", set()), ("fetched", {}), ("plan", {})):
+    for name, empty in (("packets", {}), ("released", set()), ("fresh", set()), ("fetched", {}), ("plan", {}),
+                        ("plans", weakref.WeakKeyDictionary())):
         monkeypatch.setattr(fetch.KEPT, name, empty)
     made, batches = [], []
 
@@ -49,14 +50,26 @@ def same_values(packed, other):
     return torch.equal(packed[0], other[0]) and torch.equal(packed[1], other[1])
 
 
-def engine_call(seam, body, quantized_weights=True):
-    engine = types.SimpleNamespace(zero_quantized_weights=lambda: quantized_weights)
-    return seam(lambda engine: body())(engine)
+class Engine:
+    """A stand-in for a DeepSpeedEngine: whether it runs qwZ."""
+
+    def __init__(self, quantized_weights=True):
+        self.quantized_weights = quantized_weights
+
+    def zero_quantized_weights(self):
+        return self.quantized_weights
 
 
-def in_forward(body, quantized_weights=True):
+ENGINE = Engine()
+
+
+def engine_call(seam, body, quantized_weights=True, engine=ENGINE):
+    return seam(lambda engine: body())(engine if quantized_weights else Engine(False))
+
+
+def in_forward(body, quantized_weights=True, engine=ENGINE):
     """Run ``body`` inside the engine-forward seam, as DeepSpeedEngine.forward would."""
-    return engine_call(fetch.forward_pass, body, quantized_weights)
+    return engine_call(fetch.forward_pass, body, quantized_weights, engine)
 
 
 def in_backward(body):
@@ -190,6 +203,17 @@ def test_a_partition_made_ahead_but_not_fetched_is_dropped_and_not_planned(quant
     assert list(fetch.KEPT.packets) == [id(x)] and fetch.KEPT.fresh == set()
     in_forward(lambda: quantize(None, x))
     assert quantize.batches == [[id(x), id(y)], [id(x)]] and len(quantize.made) == 2
+
+
+def test_engines_whose_forwards_alternate_keep_a_plan_each(quantize):
+    actor, critic = Engine(), Engine()
+    x, y = partition(), partition(seed=1)
+    for _ in range(2):
+        in_forward(lambda: quantize(None, x), engine=actor)
+        in_forward(lambda: quantize(None, y), engine=critic)
+    assert quantize.batches == [[id(x)], [id(y)]] and quantize.made == [x, y]
+    in_forward(lambda: quantize(None, x), engine=types.SimpleNamespace(zero_quantized_weights=lambda: True))
+    assert len(quantize.batches) == 2 and quantize.made == [x, y, x]  # no weak reference to it: no plan
 
 
 def test_without_a_batch_each_fetch_quantizes(quantize):

@@ -170,8 +170,10 @@ class _Kept:
     one of them runs (``forward`` while it is the forward), ``packets`` maps id(partition) to (partition, its
     ``_version``, its ``data_ptr()``, (codes, scales)); ``released`` holds the ids of those whose parameter DeepSpeed
     released since it was last gathered; ``fresh`` those made ahead of their fetch and not sent yet. ``fetched``
-    maps the id of each partition this forward fetched to (a weak reference, its address, numel and dtype): the
-    ``plan`` of the next forward, quantized at once. ``reused`` counts the quantizes saved by sending a packet again,
+    maps the id of each partition this forward fetched to (a weak reference, its address, numel and dtype): kept in
+    ``plans`` for the forward's engine as it returns, the ``plan`` of that engine's next forward, quantized at once
+    (engines whose forwards alternate, as in RLHF, keep a plan each). ``reused`` counts the quantizes saved by
+    sending a packet again,
     ``batched`` the packets made ahead, since the patch was loaded (the tests read them)."""
 
     def __init__(self):
@@ -181,6 +183,7 @@ class _Kept:
         self.fresh = set()
         self.fetched = {}
         self.plan = {}
+        self.plans = weakref.WeakKeyDictionary()
         self.reused = self.batched = 0
 
 
@@ -217,8 +220,9 @@ def _keep_released():
 def _window(original, keep_after):
     """The wrapper of an engine call (forward, backward) inside which kept packets are sent again: only for an
     engine with qwZ and with the rewrite seam installed (without it a rewritten partition would go unnoticed), the
-    outermost call only. ``keep_after`` (forward's): every packet kept before is dropped first, and its packets
-    stay for the next call (backward); else, and when it raises, they are dropped as it returns."""
+    outermost call only. ``keep_after`` (forward's): every packet kept before is dropped first, its packets stay
+    for the next call (backward), and the partitions it fetched are the plan of the engine's next forward; else,
+    and when it raises, they are dropped as it returns."""
 
     def wrapper(engine, *args, **kwargs):
         if keep_after and not KEPT.open:
@@ -228,21 +232,34 @@ def _window(original, keep_after):
         KEPT.open = REWRITE_SITE in replaced
         if KEPT.open and keep_after:
             KEPT.forward = True
-            KEPT.plan, KEPT.fetched = KEPT.fetched, {}
+            KEPT.plan, KEPT.fetched = _plan_of(engine, {}), {}
         kept = False
         try:
             result = original(engine, *args, **kwargs)
             kept = keep_after
             return result
         finally:
+            if KEPT.forward:
+                _plan_of(engine, KEPT.fetched)
             KEPT.open = KEPT.forward = False
-            KEPT.plan = {}
+            KEPT.plan, KEPT.fetched = {}, {}
             if kept:
                 _keep_released()
             else:
                 forget_packets()
 
     return wrapper
+
+
+def _plan_of(engine, replacement):
+    """``engine``'s plan (``KEPT.plans``; {} for none, or for an engine that takes no weak reference), replaced by
+    ``replacement``."""
+    try:
+        plan = KEPT.plans.pop(engine, {})
+        KEPT.plans[engine] = replacement
+    except TypeError:
+        return {}
+    return plan
 
 
 def forward_pass(original):
