@@ -30,7 +30,7 @@ import torch
 
 from ... import backends, ops
 from ..installed import replaced
-from .common import own_dtype
+from .common import accelerator, own_dtype
 
 FETCH_SITE = "partition_parameters._dist_allgather_fn"  # this seam's row name in patching/sites.py
 READERS = ("AllGatherHandle.wait", "AllGatherCoalescedHandle.wait")  # the seams that read packets
@@ -173,8 +173,7 @@ class _Kept:
     maps the id of each partition this forward fetched to (a weak reference, its address, numel and dtype): kept in
     ``plans`` for the forward's engine as it returns, the ``plan`` of that engine's next forward, quantized at once
     (engines whose forwards alternate, as in RLHF, keep a plan each). ``reused`` counts the quantizes saved by
-    sending a packet again,
-    ``batched`` the packets made ahead, since the patch was loaded (the tests read them)."""
+    sending a packet again, ``batched`` the packets made ahead, since the patch was loaded (the tests read them)."""
 
     def __init__(self):
         self.open = self.forward = False
@@ -296,9 +295,10 @@ def quantize_once(quantize, quantize_many=None):
 
     ``quantize_many(quantizer, partitions)`` (the quantizer's batch, or None: it may return None): at a forward's
     first fetch of a partition that the forward before fetched, every such partition still at its address, numel
-    and dtype is quantized there, in one call, and its packet kept as if that fetch had made it. On a CUDA device the
-    fetching stream first waits for the default stream, where DeepSpeed's optimizer wrote the partitions: DeepSpeed
-    orders a partition's quantize after those writes only for the partition it fetches."""
+    and dtype is quantized there, in one call, and its packet kept as if that fetch had made it. On an accelerator
+    whose streams run apart (CUDA), the fetching stream first waits for the default stream, where DeepSpeed's
+    optimizer wrote the partitions, so that the batch reads none of them before those writes whatever DeepSpeed
+    ordered for the one partition it fetches."""
 
     def method(quantizer, param, groups=None):
         if not KEPT.open or groups is not None:
@@ -340,9 +340,10 @@ def _quantize_planned(quantizer, quantize_many):
             partitions.append(partition)
     if not partitions:
         return
-    device = partitions[0].device
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).wait_stream(torch.cuda.default_stream(device))
+    if partitions[0].device.type != "cpu":
+        streams = accelerator()
+        if not streams.is_synchronized_device():
+            streams.current_stream().wait_stream(streams.default_stream())
     packets = quantize_many(quantizer, partitions)
     if packets is None:
         return
