@@ -20,9 +20,9 @@ the step's trace into backward's order) or in backward. A later fetch sends the 
 same bytes, one quantize launch fewer (the 1.4B GPT with the HF Trainer's "auto" buckets: 53 of 153 quantizes a
 step, 30 in forward and 23 in backward, ``benchmarks/results/zeropp_bound.md``). Past forward only the packets of
 weights released then are kept, the ones backward will gather again. And the partitions a forward fetched are
-quantized together at the next forward's first fetch of one of them (:func:`quantize_once`'s ``quantize_many``: one
-kernel for up to 32 on the CUDA backend), not one kernel per fetch: their values are read then, as a fetch would
-read them, and a later fetch sends the packet if the partition is unchanged, else quantizes it again.
+quantized together at the next forward's first fetch of one of them (:func:`quantize_once`'s ``quantize_many``:
+one kernel for up to ``backends.cuda.MAX_SEGMENTS``), not one kernel per fetch: their values are read then, as a
+fetch would read them, and a later fetch sends the packet if the partition is unchanged, else quantizes it again.
 """
 import weakref
 
