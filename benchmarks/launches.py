@@ -6,8 +6,9 @@ collectives free), every ATen op the step dispatches counted under a dispatch mo
 GPU (views, allocations, metadata), every collective one launch (NCCL's one kernel), and every call into the
 quantization backend one launch (the CUDA backend's one kernel per call; its bucket wait writes parts in place
 where its ``WRITES_PARTS`` says so, and the count follows that switch; its batches of quantizes hold at most
-``MAX_SEGMENTS`` partitions, as here). The ops inside collectives and backend calls are not counted again. What the CPU world cannot tell apart: an op that a GPU job would run on a host tensor
-counts as a launch too. Upstream's quantizer op has no CPU build, so its configurations cannot be counted here.
+``MAX_SEGMENTS`` partitions, as here). The ops inside collectives and backend calls are not counted again. What
+the CPU world cannot tell apart: an op that a GPU job would run on a host tensor counts as a launch too.
+Upstream's quantizer op has no CPU build, so its configurations cannot be counted here.
 
 The model is the simulated world's 1.4B GPT (``gpt-1.4b``: its parameters, so its fetches, buckets and
 DeepSpeed's releases and re-fetches are the GPU run's) at DeepSpeed's default ``stage3_max_reuse_distance``, fed
