@@ -264,8 +264,9 @@ void quantize_many_into(const std::vector<at::Tensor>& inputs,
                     static_cast<int64_t>(codes.size()) == count && static_cast<int64_t>(scales.size()) == count,
                 message("one group count, group size, codes and scales per input, got ", count, " inputs, ",
                         static_cast<int64_t>(groups.size()), " group counts, ",
-                        static_cast<int64_t>(group_sizes.size()), " group sizes, ", static_cast<int64_t>(codes.size()), " codes and ",
-                        static_cast<int64_t>(scales.size()), " scales"));
+                        static_cast<int64_t>(group_sizes.size()), " group sizes, ",
+                        static_cast<int64_t>(codes.size()), " codes and ", static_cast<int64_t>(scales.size()),
+                        " scales"));
     TORCH_CHECK(count <= dszpp::kMaxSegments,
                 message("at most ", static_cast<int64_t>(dszpp::kMaxSegments), " inputs per call, got ", count));
     if (count == 0) return;
