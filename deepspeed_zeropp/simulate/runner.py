@@ -3,9 +3,10 @@
 Every configuration's engine is built once (and trains its warm-up steps); a repetition then gives each engine in
 turn, the order rotated one further each repetition (A B C, B C A, ...), one untimed step and its timed steps under
 each link model, so a ratio between two configurations is taken within one repetition (:func:`run`). Per block:
-step times, host CPU time, losses, skipped steps, collectives (by kind, dtype and link class), the bytes this rank
-sends per link class and the peak memory; once per configuration, after the repetitions, the GPU kernel time and
-launches of two profiled steps, and per modelled link two more, for the communication the compute leaves exposed.
+step times, host CPU time, each phase's host and device time (:class:`PhaseClock`), losses, skipped steps,
+collectives (by kind, dtype and link class), the bytes this rank sends per link class and the peak memory; once per
+configuration, after the repetitions, the GPU kernel time and launches of two profiled steps, and per modelled link
+two more, for the communication the compute leaves exposed.
 """
 import contextlib
 import math
@@ -162,6 +163,52 @@ def step(engine, shape, micro_batch, index, mark=None):
         engine.step()
         value = loss.item()
     return value, (time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3
+
+
+class PhaseClock:
+    """A ``mark`` for :func:`step` that times its phases without a profiler (whose per-launch cost makes a
+    host-bound phase look longer than it is): the host's window, from entering a phase to leaving it, and on CUDA
+    the device's, between events recorded on the current stream as the host enters and leaves (the time that stream
+    took over the phase's work, its waits on the communication streams included). :meth:`take` after the step (whose
+    loss ``item()`` has waited for the GPU) gives them."""
+
+    def __init__(self, cuda):
+        self.cuda, self.marks = cuda, []
+
+    def _now(self):
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        return time.perf_counter(), event
+
+    @contextlib.contextmanager
+    def __call__(self, name):
+        start = self._now()
+        yield
+        self.marks.append((name[len(timeline.PHASE_MARK):], start, self._now()))
+
+    def take(self):
+        """{phase: {"host_ms": ..., "device_ms": ... (CUDA only)}} of the phases marked since the last take."""
+        found = {}
+        for phase, (host0, event0), (host1, event1) in self.marks:
+            found[phase] = {"host_ms": (host1 - host0) * 1e3}
+            if event0 is not None:
+                event1.synchronize()
+                found[phase]["device_ms"] = event0.elapsed_time(event1)
+        self.marks = []
+        return found
+
+
+def _median_phases(steps):
+    """The per-phase median of each figure over ``steps`` (PhaseClock.take's answers)."""
+    return {
+        phase: {
+            figure: statistics.median(s[phase][figure] for s in steps)
+            for figure in steps[0][phase]
+        }
+        for phase in steps[0]
+    }
 
 
 def profiled(engine, shape, micro_batch, first, steps=2):
@@ -365,7 +412,7 @@ def _block(key, engine, plan, info):
     world.set_link(None)
     skipped_before = engine.skipped_steps
     losses = [step(engine, shape, batch, info["step_index"])[0]]
-    index, by_link = info["step_index"] + 1, {}
+    index, by_link, clock = info["step_index"] + 1, {}, PhaseClock(cuda)
     if cuda:
         torch.cuda.synchronize()
         start_memory = torch.cuda.memory_allocated()
@@ -373,7 +420,10 @@ def _block(key, engine, plan, info):
     for name, link in plan.links.items():
         world.set_link(link)
         world.reset_counts()
-        times = [step(engine, shape, batch, index + i) for i in range(plan.steps)]
+        times, phases = [], []
+        for i in range(plan.steps):
+            times.append(step(engine, shape, batch, index + i, mark=clock))
+            phases.append(clock.take())
         index += plan.steps
         losses += [t[0] for t in times]
         by_link[name] = {
@@ -381,6 +431,7 @@ def _block(key, engine, plan, info):
             "cpu_ms": [t[2] for t in times],
             "median_ms": statistics.median(t[1] for t in times),
             "median_cpu_ms": statistics.median(t[2] for t in times),
+            "phase_ms": _median_phases(phases),
             **counted(plan.steps),
         }
         by_link[name]["problems"] = proof(key, by_link[name]["collectives"], plan.topology)

@@ -29,6 +29,7 @@ def test_smoke_of_two_nodes_of_two(tmp_path):
     plain, ours = (results["reps"][0][key] for key in ("unquantized", "ours-qwz-qgz-hpz"))
     for run in (plain, ours):
         assert run["skipped_steps"] == 0 and run["finite"]
+    assert set(ours["by_link"]["free"]["phase_ms"]) == {"forward", "backward", "step"}
     counts = ours["by_link"]["free"]["collectives"]
     for kind in ("all_gather/uint8/inter", "all_gather/uint8/intra", "all_to_all/uint8/inter",
                  "all_to_all/uint8/intra"):

@@ -1,6 +1,8 @@
 """The simulated world's parts without DeepSpeed: the link model's ring costs, the topology's link classes, the
-store that answers for the simulated ranks, and the values each collective hands back (as if every rank held what
-this one holds)."""
+store that answers for the simulated ranks, the values each collective hands back (as if every rank held what
+this one holds), and the runner's phase clock."""
+import time
+
 import pytest
 import torch
 from torch.distributed import ReduceOp, ReduceScatterOptions
@@ -126,3 +128,18 @@ def test_simulate_names_bad_arguments(argv, message, capsys):
     from deepspeed_zeropp import cli
     assert cli.main(["simulate", *argv]) == 2
     assert message in capsys.readouterr().out
+
+
+def test_phase_clock_times_each_phase_and_forgets_them_when_taken():
+    from deepspeed_zeropp.simulate import runner, timeline
+    clock = runner.PhaseClock(cuda=False)
+    with clock(timeline.PHASE_MARK + "forward"):
+        time.sleep(0.02)
+    with clock(timeline.PHASE_MARK + "backward"):
+        pass
+    first = clock.take()
+    assert list(first) == ["forward", "backward"] and first["forward"]["host_ms"] >= 20
+    assert first["backward"]["host_ms"] < first["forward"]["host_ms"] and "device_ms" not in first["forward"]
+    assert clock.take() == {}
+    steps = [{"forward": {"host_ms": ms}} for ms in (3.0, 1.0, 2.0)]
+    assert runner._median_phases(steps) == {"forward": {"host_ms": 2.0}}
