@@ -200,6 +200,12 @@ class PhaseClock:
         return found
 
 
+def _alloc_retries(cuda):
+    """How often the CUDA caching allocator has freed its cache and retried an allocation (each time the host waits
+    for the whole GPU), 0 on the CPU."""
+    return torch.cuda.memory_stats().get("num_alloc_retries", 0) if cuda else 0
+
+
 def _median_phases(steps):
     """The per-phase median of each figure over ``steps`` (PhaseClock.take's answers)."""
     return {
@@ -411,6 +417,8 @@ def _block(key, engine, plan, info):
     set_patch(config)
     world.set_link(None)
     skipped_before = engine.skipped_steps
+    if cuda:  # a rank's GPU holds one engine: the blocks the others' steps left cached would make it flush the cache
+        torch.cuda.empty_cache()
     losses = [step(engine, shape, batch, info["step_index"])[0]]
     index, by_link, clock = info["step_index"] + 1, {}, PhaseClock(cuda)
     if cuda:
@@ -420,7 +428,7 @@ def _block(key, engine, plan, info):
     for name, link in plan.links.items():
         world.set_link(link)
         world.reset_counts()
-        times, phases = [], []
+        times, phases, retries = [], [], _alloc_retries(cuda)
         for i in range(plan.steps):
             times.append(step(engine, shape, batch, index + i, mark=clock))
             phases.append(clock.take())
@@ -432,6 +440,7 @@ def _block(key, engine, plan, info):
             "median_ms": statistics.median(t[1] for t in times),
             "median_cpu_ms": statistics.median(t[2] for t in times),
             "phase_ms": _median_phases(phases),
+            "alloc_retries_per_step": (_alloc_retries(cuda) - retries) / plan.steps,
             **counted(plan.steps),
         }
         by_link[name]["problems"] = proof(key, by_link[name]["collectives"], plan.topology)
