@@ -417,8 +417,6 @@ def _block(key, engine, plan, info):
     set_patch(config)
     world.set_link(None)
     skipped_before = engine.skipped_steps
-    if cuda:  # a rank's GPU holds one engine: the blocks the others' steps left cached would make it flush the cache
-        torch.cuda.empty_cache()
     losses = [step(engine, shape, batch, info["step_index"])[0]]
     index, by_link, clock = info["step_index"] + 1, {}, PhaseClock(cuda)
     if cuda:
