@@ -55,6 +55,11 @@ def run(args):
         print(f"[simulate] error: {error}")
         return 2
     plan = plan_from(args, checked)
+    kept, left_out = runner.available(plan.keys, plan.topology, plan.device, plan.shape, plan.reuse())
+    if not kept:  # before anything is built, as arguments.check's errors
+        print("[simulate] error: --configs %s: none can run in this world (%s); accepted: a configuration this "
+              "world can run" % (" ".join(plan.keys), "; ".join(f"{k}: {why}" for k, why in left_out.items())))
+        return 2
     device = plan.device
     started = time.monotonic()
     print(

@@ -123,6 +123,8 @@ def test_collectives_hand_back_every_rank_as_this_one(topology):
     (["--nodes", "0"], "--nodes 0: accepted: an integer >= 1"),
     (["--gpus-per-node", "1", "--nodes", "1"], "a world of 1 rank; accepted: 2 or more ranks"),
     (["--inter-gbps", "-5", "--device", "cpu"], "--inter-gbps -5: accepted: link speeds > 0 Gbit/s"),
+    (["--model", "tiny", "--nodes", "2", "--configs", "ours-qwz-qgz-hpz", "--device", "cpu"],
+     "--configs ours-qwz-qgz-hpz: none can run in this world (ours-qwz-qgz-hpz: hpZ's node-local copy would never"),
 ])
 def test_simulate_names_bad_arguments(argv, message, capsys):
     from deepspeed_zeropp import cli
