@@ -41,11 +41,13 @@ def codec(device):
     return backends.qgz_backend(backends.default(), device)
 
 
-def _all_to_all(blocks, group):
+def _all_to_all(blocks, group, async_op=False):
+    """``blocks``' rows exchanged with the group's peers: the received rows, and with ``async_op`` the work to wait
+    for before reading them."""
     from deepspeed import comm as dist
     received = torch.empty_like(blocks)
-    dist.all_to_all_single(received, blocks, group=group)
-    return received
+    work = dist.all_to_all_single(received, blocks, group=group, async_op=async_op)
+    return (received, work) if async_op else received
 
 
 def quantizes(tensor, world):
@@ -116,17 +118,32 @@ def _exchange(blocks, group):
     """One all-to-all for several gradients' blocks (``[peers, bytes]`` each; the list is emptied, so that only the
     concatenation stays alive): row p of their concatenation goes to peer p. Returns each gradient's received blocks,
     ``[sources, bytes]``, contiguous."""
-    if len(blocks) == 1:
-        return [_all_to_all(blocks.pop(), group)]
+    return _received(_send(blocks, group))
+
+
+def _send(blocks, group):
+    """:func:`_exchange`'s all-to-all, launched without the current stream waiting for it: (received rows, work,
+    each gradient's width)."""
     widths = [b.shape[1] for b in blocks]
-    sent = torch.cat(blocks, dim=1)
+    sent = blocks.pop() if len(blocks) == 1 else torch.cat(blocks, dim=1)
     blocks.clear()
-    return [part.contiguous() for part in _all_to_all(sent, group).split(widths, dim=1)]
+    return (*_all_to_all(sent, group, async_op=True), widths)
 
 
-def _reduce_scatter_batch(gradients, padded, feedbacks, topology, groups):
-    """This rank's mean-reduced chunk of each gradient (``padded``: each one's padded chunk) through the 4-bit
-    stages, every stage's all-to-all shared by the whole batch."""
+def _received(sending):
+    """Each gradient's received blocks of a :func:`_send`, once its all-to-all is done."""
+    received, work, widths = sending
+    work.wait()
+    if len(widths) == 1:
+        return [received]
+    return [part.contiguous() for part in received.split(widths, dim=1)]
+
+
+def _start_batch(gradients, padded, feedbacks, topology, groups):
+    """A batch of gradients (``padded``: each one's padded chunk) through qgZ's first stage, within the node, and its
+    inter-node all-to-all launched, every stage's all-to-all shared by the whole batch: what :func:`_finish_batch`
+    needs. The current stream does not wait for that all-to-all, so the next batch's first stage runs while it is
+    on the link."""
     world, local_size, nodes, rank = topology.world, topology.local_size, topology.nodes, topology.rank
     node, local = divmod(rank, local_size)
     kernels = codec(gradients[0].device)
@@ -140,11 +157,17 @@ def _reduce_scatter_batch(gradients, padded, feedbacks, topology, groups):
         ]
         del received
     # Across nodes (ranks with the same local index): node m gets the node sums of its chunk.
-    received = _exchange(blocks, groups[f"global_{local}"])
+    sending = _send(blocks, groups[f"global_{local}"])
     mine = [_partition(g.numel(), world, rank)[1] for g in gradients]
+    return sending, kernels, padded, mine, [g.dtype for g in gradients], topology.factor
+
+
+def _finish_batch(started):
+    """The decoded chunks of a :func:`_start_batch`."""
+    sending, kernels, padded, mine, dtypes, factor = started
     return [
-        kernels.qgz_decode_sum(r, p, m, topology.factor, g.dtype)
-        for r, p, m, g in zip(received, padded, mine, gradients)
+        kernels.qgz_decode_sum(r, p, m, factor, dtype)
+        for r, p, m, dtype in zip(_received(sending), padded, mine, dtypes)
     ]
 
 
@@ -167,14 +190,16 @@ def sent_bytes(padded_chunk, world):
 
 
 def _reduce_scatter_quantized(gradients, feedbacks, topology, groups):
-    """:func:`_reduce_scatter_batch` over batches of at most ``BATCH_BYTES`` sent per rank."""
+    """This rank's mean-reduced chunk of each gradient, in batches of at most ``BATCH_BYTES`` sent per rank: every
+    batch started (:func:`_start_batch`), then every one finished, so that the inter-node all-to-alls follow one
+    another on the link."""
     world = topology.world
     padded = [padded_chunk_of(g.numel(), world) for g in gradients]
-    results = []
+    started = []
     for batch in batches([sent_bytes(p, world) for p in padded], BATCH_BYTES):
-        results += _reduce_scatter_batch([gradients[i] for i in batch], [padded[i] for i in batch],
-                                         [feedbacks[i] for i in batch], topology, groups)
-    return results
+        picked = [gradients[i] for i in batch], [padded[i] for i in batch], [feedbacks[i] for i in batch]
+        started.append(_start_batch(*picked, topology, groups))
+    return [chunk for batch in started for chunk in _finish_batch(batch)]
 
 
 class Topology(NamedTuple):
