@@ -70,10 +70,11 @@ def _buffers(param, sizes, device, reset_t):
 
 
 @torch.no_grad()
-def all_to_all_loco_quant_reduce(params, groups, loco_param=None):
+def all_to_all_loco_quant_reduce(params, groups, loco_param=None, on_read=None):
     """Drop-in for DeepSpeed's ``all_to_all_loco_quant_reduce(params, groups, loco_param)``: this rank's
     mean-reduced partition of every ``param.grad``, in its own dtype, through qgZ's 4-bit stages with error feedback
-    (tensors qgZ sends unquantized, see ``qgz.quantizes``, have no buffers)."""
+    (tensors qgZ sends unquantized, see ``qgz.quantizes``, have no buffers); ``on_read``: as
+    ``qgz.reduce_scatter``'s."""
     beta, keep, reset_t = parse_loco_param(loco_param)
     topology = qgz.topology()
     world, local_size = topology.world, topology.local_size
@@ -85,4 +86,4 @@ def all_to_all_loco_quant_reduce(params, groups, loco_param=None):
             continue
         intra, inter = _buffers(param, error_sizes(gradient.numel(), world, local_size), gradient.device, reset_t)
         feedbacks.append((Feedback(intra, beta, keep), None if local_size == 1 else Feedback(inter, beta, keep)))
-    return qgz.reduce_scatter(gradients, groups, topology, feedbacks)
+    return qgz.reduce_scatter(gradients, groups, topology, feedbacks, on_read)

@@ -189,16 +189,18 @@ def sent_bytes(padded_chunk, world):
     return world * block_bytes(1, padded_chunk)
 
 
-def _reduce_scatter_quantized(gradients, feedbacks, topology, groups):
+def _reduce_scatter_quantized(gradients, feedbacks, topology, groups, on_read=None):
     """This rank's mean-reduced chunk of each gradient, in batches of at most ``BATCH_BYTES`` sent per rank: every
     batch started (:func:`_start_batch`), then every one finished, so that the inter-node all-to-alls follow one
-    another on the link."""
+    another on the link. ``on_read()`` runs between the two, once the gradients are no longer read."""
     world = topology.world
     padded = [padded_chunk_of(g.numel(), world) for g in gradients]
     started = []
     for batch in batches([sent_bytes(p, world) for p in padded], BATCH_BYTES):
         picked = [gradients[i] for i in batch], [padded[i] for i in batch], [feedbacks[i] for i in batch]
         started.append(_start_batch(*picked, topology, groups))
+    if on_read is not None:
+        on_read()
     return [chunk for batch in started for chunk in _finish_batch(batch)]
 
 
@@ -230,16 +232,18 @@ def padded_chunk_of(numel, world):
     return math.ceil(_partition(numel, world, 0)[0] / GROUP) * GROUP
 
 
-def reduce_scatter(tensors, groups, topology, feedbacks=None):
+def reduce_scatter(tensors, groups, topology, feedbacks=None, on_read=None):
     """This rank's mean-reduced partition of every tensor (4-bit or unquantized: see :func:`quantizes`);
-    ``feedbacks``: None, or one entry per tensor for :func:`encode` (ignored for unquantized ones)."""
+    ``feedbacks``: None, or one entry per tensor for :func:`encode` (ignored for unquantized ones). ``on_read``:
+    None, or a callable run once every read of ``tensors`` has been issued on the current stream (the inter-node
+    all-to-alls and the decode still to come), where the caller may start overwriting them in stream order."""
     world, rank, factor = topology.world, topology.rank, topology.factor
     feedbacks = feedbacks or [None] * len(tensors)
     four_bit = [i for i, t in enumerate(tensors) if quantizes(t, world)]
     plain = [i for i, t in enumerate(tensors) if not quantizes(t, world)]
     reduced = reduce_scatter_plain([tensors[i] for i in plain], world, rank, factor)
     reduced += _reduce_scatter_quantized([tensors[i] for i in four_bit], [feedbacks[i] for i in four_bit], topology,
-                                         groups)
+                                         groups, on_read)
     results = [None] * len(tensors)
     for i, result in zip(plain + four_bit, reduced):
         results[i] = result
@@ -247,8 +251,9 @@ def reduce_scatter(tensors, groups, topology, feedbacks=None):
 
 
 @torch.no_grad()
-def all_to_all_quant_reduce(tensors, groups):
+def all_to_all_quant_reduce(tensors, groups, on_read=None):
     """Drop-in for DeepSpeed's ``all_to_all_quant_reduce(tensors, groups)``: this rank's mean-reduced partition of
     every tensor, in the tensor's own dtype (4-bit or unquantized: see :func:`quantizes`). ``groups`` is
-    DeepSpeed's all-to-all group dict (``local_{node}``, ``global_{local index}``)."""
-    return reduce_scatter(tensors, groups, topology())
+    DeepSpeed's all-to-all group dict (``local_{node}``, ``global_{local index}``); ``on_read``: as
+    :func:`reduce_scatter`'s."""
+    return reduce_scatter(tensors, groups, topology(), on_read=on_read)

@@ -7,7 +7,7 @@ attribute must exist; ``patch(strict=True)`` raises otherwise.
 """
 from typing import Callable, NamedTuple, Optional
 
-from .seams import checkpoints, fetch, gathers, launcher, partitions, replacements, secondary
+from .seams import buckets, checkpoints, fetch, gathers, launcher, partitions, replacements, secondary
 
 PARTITION_PARAMETERS = "deepspeed.runtime.zero.partition_parameters"
 STAGE3 = "deepspeed.runtime.zero.stage3"
@@ -67,6 +67,14 @@ SITES = (
          module=COORDINATOR),
     Site("DeepSpeedZeroOptimizer_Stage3", "quantize_nontrainable_params", partitions.nontrainable_seam, module=STAGE3),
     Site("DeepSpeedZeroOptimizer_Stage3", "step", secondary.optimizer_step, module=STAGE3),
+    Site("DeepSpeedZeroOptimizer_Stage3",
+         "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads",
+         buckets.reduce_bucket,
+         module=STAGE3),
+    Site("DeepSpeedZeroOptimizer_Stage3",
+         "independent_gradient_partition_epilogue",
+         buckets.gradients_epilogue,
+         module=STAGE3),
     Site("DeepSpeedZeRoOffload", "_convert_to_zero_parameters", partitions.engine_padding, module=PARAMETER_OFFLOAD),
     Site("DeepSpeedEngine", "_get_param_fragment_func", checkpoints.frozen_fragment, module=ENGINE),
     Site("DeepSpeedEngine", "load_module_state_dict", checkpoints.load_frozen_fragments, module=ENGINE),
@@ -95,3 +103,5 @@ FETCH_SITE = fetch.FETCH_SITE  # the fetch's one all-gather of codes and scales 
 INIT_COALESCED_SITE = next(site.name for site in SITES if site.factory is gathers.init_gather_coalesced)
 # The optimizer step: hpZ's secondary partitions left unwritten inside it
 STEP_SITE = next(site.name for site in SITES if site.factory is secondary.optimizer_step)
+# A gradient bucket's reduce: the next bucket on the other of two streams once qgZ has read this one's gradients
+BUCKET_SITE = next(site.name for site in SITES if site.factory is buckets.reduce_bucket)

@@ -19,6 +19,7 @@ import torch
 from ..patching.sites import FETCH_SITE as PACKET_SITE  # one all-gather per quantized fetch
 from ..patching.sites import INIT_COALESCED_SITE  # the persistent parameters' one all-gather after a step
 from ..patching.sites import STEP_SITE  # hpZ: no secondary partition written inside an optimizer step
+from ..patching.sites import BUCKET_SITE  # qgZ: the next gradient bucket on a second stream
 from ..teardown import release
 from . import config as configs, link as links, model as models, timeline, world
 
@@ -65,6 +66,12 @@ CONFIGS = {  # the order within a repetition
                                            HPZ,
                                            True,
                                            exclude=(STEP_SITE, )),
+    # ours with every gradient bucket on DeepSpeed's one reduce stream (DeepSpeed's order)
+    "ours-qwz-qgz-hpz-one-reduce-stream": Config("ours qwZ+qgZ+hpZ, buckets on one reduce stream",
+                                                 True,
+                                                 HPZ,
+                                                 True,
+                                                 exclude=(BUCKET_SITE, )),
 }
 UPSTREAM_OF = {  # ours -> upstream's same configuration
     key: key.replace("ours", "upstream")

@@ -1,5 +1,6 @@
 """qgZ's batches on the link: every batch's inter-node all-to-all is launched before any batch is decoded, so the
-current stream never waits for one all-to-all before the next batch's first stage and all-to-all are launched."""
+current stream never waits for one all-to-all before the next batch's first stage and all-to-all are launched; the
+caller's ``on_read`` runs after the last read of the gradients (the last batch's first stage), before any wait."""
 import torch
 
 from deepspeed_zeropp import qgz
@@ -41,6 +42,8 @@ def test_every_batch_is_sent_before_any_is_decoded(monkeypatch):
     monkeypatch.setattr(qgz, "_all_to_all", all_to_all)
     topology = qgz.Topology(world=2, local_size=1, nodes=2, rank=0, factor=0.5)
     gradients = [torch.ones(4, 4) for _ in range(3)]
-    chunks = qgz._reduce_scatter_quantized(gradients, [None] * 3, topology, {"global_0": "g"})
+    chunks = qgz._reduce_scatter_quantized(gradients, [None] * 3,
+                                           topology, {"global_0": "g"},
+                                           on_read=lambda: log.append("read"))
     assert [c.numel() for c in chunks] == [8, 8, 8]
-    assert log == ["encode", "all_to_all g"] * 3 + ["wait", "decode"] * 3
+    assert log == ["encode", "all_to_all g"] * 3 + ["read"] + ["wait", "decode"] * 3

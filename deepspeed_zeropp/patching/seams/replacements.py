@@ -5,10 +5,16 @@ gradient collectives (qgZ, LoCo): sites whose whole job deepspeed_zeropp does it
 all-gather quantizes before it sends; qgZ encodes inside the collective), so they first make sure that every rank
 runs the same wire format (``agreement.ensure``: once per process, and only with a ZeRO++ flag, since DeepSpeed
 calls them for nothing else)."""
+import functools
+
 from ... import agreement, loco, qgz
 from ..quantizer import QuantizerMethods
-from . import fetch
+from . import buckets, fetch
 from .common import replace_with
+
+# qgZ and LoCo as the seams call them: each reports its last read of a bucket's gradients (seams/buckets.py)
+_quant_reduce = functools.partial(qgz.all_to_all_quant_reduce, on_read=buckets.gradients_read)
+_loco_quant_reduce = functools.partial(loco.all_to_all_loco_quant_reduce, on_read=buckets.gradients_read)
 
 
 def agreed_first(impl, why):
@@ -41,20 +47,20 @@ quantizer_dequantize = replace_with(QuantizerMethods.dequantize,
                                     why="Why this seam: upstream always returns fp16. An explicit ``dtype`` wins; "
                                     "otherwise the dtype the enclosing patched gather site recorded from its "
                                     "parameters; otherwise fp16, as upstream.")
-quant_reduce = agreed_first(qgz.all_to_all_quant_reduce,
+quant_reduce = agreed_first(_quant_reduce,
                             why="Why this seam: qgZ's all_to_all_quant_reduce reads bf16/fp32 gradients as fp16 bits,"
                             " sums partials in fp16 and casts back; the whole function is that kernel pipeline, "
                             "so it is reimplemented (same signature, same 4-bit two-stage all-to-all) with native"
                             " dtypes and fp32 sums.")
-stage3_quant_reduce = agreed_first(qgz.all_to_all_quant_reduce,
+stage3_quant_reduce = agreed_first(_quant_reduce,
                                    why="Why this seam: stage3 binds all_to_all_quant_reduce by name at import; this "
                                    "is the binding it calls.")
-loco_quant_reduce = agreed_first(loco.all_to_all_loco_quant_reduce,
+loco_quant_reduce = agreed_first(_loco_quant_reduce,
                                  why="Why this seam: LoCo's all_to_all_loco_quant_reduce (qgZ with error feedback, "
                                  "zeropp_loco_param) reads bf16/fp32 gradients and its error buffers as fp16 "
                                  "bits; the whole function is that kernel pipeline, so it is reimplemented (same "
                                  "signature and error-buffer attributes) on our qgZ with fp32 error feedback.")
-stage3_loco_quant_reduce = agreed_first(loco.all_to_all_loco_quant_reduce,
+stage3_loco_quant_reduce = agreed_first(_loco_quant_reduce,
                                         why="Why this seam: stage3 binds all_to_all_loco_quant_reduce by name at "
                                         "import; this is the binding it calls.")
 
