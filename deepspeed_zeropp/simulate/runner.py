@@ -67,6 +67,11 @@ CONFIGS = {  # the order within a repetition
                                            True,
                                            exclude=(STEP_SITE, )),
     # ours with every gradient bucket on DeepSpeed's one reduce stream (DeepSpeed's order)
+    "ours-qwz-qgz-one-reduce-stream": Config("ours qwZ+qgZ, buckets on one reduce stream",
+                                             True,
+                                             QGZ,
+                                             True,
+                                             exclude=(BUCKET_SITE, )),
     "ours-qwz-qgz-hpz-one-reduce-stream": Config("ours qwZ+qgZ+hpZ, buckets on one reduce stream",
                                                  True,
                                                  HPZ,
