@@ -54,9 +54,10 @@ def _applies(optimizer):
     """A stream of its own for the reduce (DeepSpeed gives it the default stream without ``overlap_comm``), on an
     accelerator that does not order streams by itself."""
     stream = getattr(optimizer, "reduce_and_partition_stream", None)
+    if stream is None:
+        return False
     accelerator = _accelerator()
-    return (stream is not None and not accelerator.resolves_data_dependency()
-            and stream != accelerator.default_stream())
+    return not accelerator.resolves_data_dependency() and stream != accelerator.default_stream()
 
 
 def reduce_bucket(original):
