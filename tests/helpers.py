@@ -101,3 +101,23 @@ def assert_persistent_gathered_once(job, model, dtype, threshold, steps=3, bitwi
     assert persistent["params"] > persistent["dtypes"] >= 1, persistent
     saved = steps * (persistent["params"] - persistent["dtypes"])
     assert ours["collectives"]["all_gathers"] == stock["collectives"]["all_gathers"] - saved, (ours, stock)
+
+
+def assert_buckets_alternated(run, steps):
+    """A run with ``stand_in_streams`` (tests/bucket_instruments.py) and qgZ: one report of qgZ's last read per bucket
+    it reduced, more buckets than steps; each next bucket's stream waits on the report recorded on the other stream;
+    DeepSpeed's stream waits for the other one before every epilogue and is the reduce stream at every step's start
+    (patching/seams/buckets.py)."""
+    import re
+    log = run["stream_log"]
+    assert run["stream_at_step_start"] == ["own"] * steps, log
+    reads = [line for line in log if re.fullmatch(r"read\d+ on (own|spare)", line)]
+    assert len(reads) == run["counts"]["quantized_gradient_reductions"] > steps, log
+    moves = 0
+    for i, line in enumerate(log):
+        waiter, _, waited = line.partition(" waits ")
+        if waited.startswith("read"):
+            recorded = next(r for r in reversed(log[:i]) if r.startswith(waited + " on "))
+            assert recorded.split(" on ")[1] != waiter, log
+            moves += 1
+    assert moves > 0 and log.count("own waits spare") == steps, log

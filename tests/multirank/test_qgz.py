@@ -6,7 +6,7 @@ qgZ only runs when world_size // device_count > 1; on DeepSpeed's CPU accelerato
 import pytest
 
 from harness.launch import run_job
-from tests.helpers import assert_shared_all_to_alls_change_no_bit, assert_trained_like_baseline
+from tests.helpers import assert_buckets_alternated, assert_shared_all_to_alls_change_no_bit, assert_trained_like_baseline
 from tests.qgz_sim import bound_of_largest
 
 # (dtype, shape, quantized): as upstream, only tensors of >= 2 dimensions whose numel is a multiple of 2 x world
@@ -75,11 +75,23 @@ def test_shared_all_to_alls_change_no_bit(world_size, local_size, loco):
 def test_training_with_quantized_gradients_and_weights():
     """bf16 BERT with qgZ (and qwZ) on 2 nodes: loss close to the unquantized run, qgZ really called, with the
     weight matrices in 4 bits and the biases and norms (1-D) unquantized. 4-bit
-    gradients (~13% RMS error per reduction) move AdamW's steps visibly, hence a wider band than qwZ's."""
-    runs = [{"name": "baseline"}, {"name": "qgz", "quantized_gradients": True, "quantized": True}]
-    spec = {"model": "bert", "dtype": "bf16", "patch": True, "steps": 5, "seed": 0, "runs": runs}
+    gradients (~13% RMS error per reduction) move AdamW's steps visibly, hence a wider band than qwZ's. The qgZ run
+    has small gradient buckets and stand-in streams: DeepSpeed calls the two-stream seam where it reduces each
+    bucket and in its epilogue, on every release the compatibility run covers (tests/helpers.py)."""
+    qgz = {"name": "qgz", "quantized_gradients": True, "quantized": True}
+    runs = [{"name": "baseline"}, dict(qgz, stand_in_streams=True, reduce_bucket_size=20000)]
+    spec = {
+        "model": "bert",
+        "dtype": "bf16",
+        "patch": True,
+        "steps": 5,
+        "seed": 0,
+        "runs": runs,
+        "instruments": "tests.bucket_instruments"
+    }
     result = run_job(spec, world_size=2, local_size=1, timeout=900)
     assert_trained_like_baseline(result, "qgz", "quantized_bucket_gathers", tolerance=lambda ref: 0.05 + 0.05 * ref)
     counts = result["runs"]["qgz"]["counts"]
     assert counts.get("quantized_gradient_reductions", 0) > 0 and counts.get("gradients_reduced_in_4_bits", 0) > 0
     assert counts.get("unquantized_gradient_batches", 0) > 0, counts  # biases and norms
+    assert_buckets_alternated(result["runs"]["qgz"], steps=5)

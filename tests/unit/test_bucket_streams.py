@@ -7,47 +7,7 @@ import types
 import pytest
 
 from deepspeed_zeropp.patching.seams import buckets
-
-
-class _Stream:
-
-    def __init__(self, name, log):
-        self.name, self.log = name, log
-
-    def wait_event(self, event):
-        self.log.append(f"{self.name} waits {event.name}")
-
-    def wait_stream(self, other):
-        self.log.append(f"{self.name} waits {other.name}")
-
-
-class _Accelerator:
-
-    def __init__(self, log, ordered=False):
-        self.log, self.ordered, self.events, self.current = log, ordered, 0, None
-        self.default = _Stream("default", log)
-
-    def Stream(self):  # noqa: N802 (DeepSpeed's accelerator API)
-        return _Stream("spare", self.log)
-
-    def Event(self):  # noqa: N802
-        self.events += 1
-        accelerator, name = self, f"read{self.events}"
-
-        class Event:
-
-            def record(self):
-                accelerator.log.append(f"{name} on {accelerator.current.name}")
-
-        event = Event()
-        event.name = name
-        return event
-
-    def default_stream(self):
-        return self.default
-
-    def resolves_data_dependency(self):
-        return self.ordered
+from tests.stream_stand_ins import Accelerator, Stream
 
 
 class _Optimizer:  # weakly referable, as DeepSpeed's optimizer
@@ -58,14 +18,14 @@ class _Optimizer:  # weakly referable, as DeepSpeed's optimizer
 
 @pytest.fixture
 def world(monkeypatch):
-    log = []
-    accelerator = _Accelerator(log)
+    log, current = [], []
+    accelerator = Accelerator(log, lambda: current[0])
     monkeypatch.setattr(buckets, "_accelerator", lambda: accelerator)
-    optimizer = _Optimizer(_Stream("own", log))
+    optimizer = _Optimizer(Stream("own", log))
 
     def reduce(optimizer, through_qgz=True):  # DeepSpeed's __reduce_and_partition_ipg_grads, as far as streams go
-        accelerator.current = optimizer.reduce_and_partition_stream or _Stream("current", log)
-        log.append(f"reduce on {accelerator.current.name}")
+        current[:] = [optimizer.reduce_and_partition_stream or Stream("current", log)]
+        log.append(f"reduce on {current[0].name}")
         if through_qgz:
             buckets.gradients_read()
 
