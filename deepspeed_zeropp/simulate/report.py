@@ -91,14 +91,21 @@ def problems(results):
 
 
 def recommend(table, link):
-    """The fastest configuration under ``link`` and the DeepSpeed flags that select it."""
+    """The fastest configuration under ``link`` that a user of this package runs (unquantized, or ours with every
+    seam: upstream's and the variants that leave a seam out are there to compare with), and the DeepSpeed flags
+    that select it."""
     rows = table[link]
-    best = min(rows, key=lambda key: rows[key]["step_ms"]["median"])
+    choices = [key for key in rows if _selectable(CONFIGS[key])] or list(rows)
+    best = min(choices, key=lambda key: rows[key]["step_ms"]["median"])
     zero = dict(CONFIGS[best].zero)
     flags = {k: v for k, v in zero.items() if k != "hpz"}
     if zero.get("hpz"):
         flags["zero_hpz_partition_size"] = "GPUs per node"
     return best, flags
+
+
+def _selectable(config):
+    return not config.zero or (config.patched and not config.exclude and config.parts_in_place)
 
 
 def markdown_table(table, ratios, link):

@@ -145,3 +145,21 @@ def test_phase_clock_times_each_phase_and_forgets_them_when_taken():
     assert clock.take() == {}
     steps = [{"forward": {"host_ms": ms}} for ms in (3.0, 1.0, 2.0)]
     assert runner._median_phases(steps) == {"forward": {"host_ms": 2.0}}
+
+
+def test_the_recommendation_is_a_configuration_the_user_runs():
+    """Upstream's configurations and ours with a seam left out are measured to compare with, never recommended,
+    even where the spread of a host-bound step makes one of them the fastest."""
+    from deepspeed_zeropp.simulate import report
+
+    def rows(**medians):
+        return {"link": {key.replace("_", "-"): {"step_ms": {"median": ms}} for key, ms in medians.items()}}
+
+    table = rows(unquantized=900,
+                 ours_qwz_qgz_hpz=520,
+                 ours_qwz_qgz_hpz_one_reduce_stream=500,
+                 upstream_qwz_qgz_hpz=510,
+                 ours_qwz_qgz_hpz_step_writes=505)
+    best, flags = report.recommend(table, "link")
+    assert best == "ours-qwz-qgz-hpz" and flags["zero_hpz_partition_size"] == "GPUs per node"
+    assert report.recommend(rows(unquantized=400, ours_qwz=410, upstream_qwz=390), "link")[0] == "unquantized"
