@@ -32,7 +32,8 @@ from .formats.int4 import GROUP, block_bytes
 
 # qgZ's all-to-alls carry several gradients' blocks at once, up to this many bytes sent per rank (a gradient larger
 # than that goes alone): one collective per batch rather than one per gradient and stage (each a launch and a round
-# trip), with the batch's send and receive buffers bounded.
+# trip), with the node-local stage's send and receive buffers bounded. The inter-node stage's (1 / ranks per node of
+# those) stay allocated until every batch of the call has been sent.
 BATCH_BYTES = 64 << 20
 
 
