@@ -34,6 +34,7 @@ INSTALLED_ONLY = (
     "tests/multirank/test_fake_world.py",  # the same check's skip in torch's fake world (one process for 8 ranks)
     "tests/multirank/test_fetch_packets.py",  # packets vs DeepSpeed's two all-gathers; every other file trains on them
     "tests/multirank/test_simulate.py",  # a smoke of the simulate command, a tool for the newest release
+    "tests/multirank/test_simulate_search.py",  # the same command's search, end to end
     # our batching of qgZ's all-to-alls, called directly (the qgZ training test runs through DeepSpeed everywhere)
     "tests/multirank/test_qgz.py::test_shared_all_to_alls_change_no_bit",
 )
@@ -58,7 +59,7 @@ ROWS = (
                                                              "tests.unit.test_install.")),
     ("one packet per fetch, agreement, simulate",
      ("tests.multirank.test_fetch_packets.", "tests.multirank.test_agreement.", "tests.multirank.test_fake_world.",
-      "tests.multirank.test_simulate.")),
+      "tests.multirank.test_simulate.", "tests.multirank.test_simulate_search.")),
 )
 
 
