@@ -212,10 +212,17 @@ class PhaseClock:
         return found
 
 
-def _alloc_retries(cuda):
-    """How often the CUDA caching allocator has freed its cache and retried an allocation (each time the host waits
-    for the whole GPU), 0 on the CPU."""
-    return torch.cuda.memory_stats().get("num_alloc_retries", 0) if cuda else 0
+ALLOCATOR_COUNTS = {  # the CUDA caching allocator's counters a timed step's figures report, per step
+    "alloc_retries_per_step": "num_alloc_retries",  # cache freed and an allocation retried: the host waits for the GPU
+    "device_mallocs_per_step": "num_device_alloc",  # cudaMalloc calls: the cache (per stream) had no block to reuse
+    "device_frees_per_step": "num_device_free",  # cudaFree calls, each synchronising the device
+}
+
+
+def _allocator_counts(cuda):
+    """The counters of ``ALLOCATOR_COUNTS`` so far, 0 each on the CPU."""
+    stats = torch.cuda.memory_stats() if cuda else {}
+    return {key: stats.get(name, 0) for key, name in ALLOCATOR_COUNTS.items()}
 
 
 def _median_phases(steps):
@@ -438,7 +445,7 @@ def _block(key, engine, plan, info):
     for name, link in plan.links.items():
         world.set_link(link)
         world.reset_counts()
-        times, phases, retries = [], [], _alloc_retries(cuda)
+        times, phases, before = [], [], _allocator_counts(cuda)
         for i in range(plan.steps):
             times.append(step(engine, shape, batch, index + i, mark=clock))
             phases.append(clock.take())
@@ -450,7 +457,10 @@ def _block(key, engine, plan, info):
             "median_ms": statistics.median(t[1] for t in times),
             "median_cpu_ms": statistics.median(t[2] for t in times),
             "phase_ms": _median_phases(phases),
-            "alloc_retries_per_step": (_alloc_retries(cuda) - retries) / plan.steps,
+            **{
+                key: (count - before[key]) / plan.steps
+                for key, count in _allocator_counts(cuda).items()
+            },
             **counted(plan.steps),
         }
         by_link[name]["problems"] = proof(key, by_link[name]["collectives"], plan.topology)

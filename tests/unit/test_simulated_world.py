@@ -147,6 +147,18 @@ def test_phase_clock_times_each_phase_and_forgets_them_when_taken():
     assert runner._median_phases(steps) == {"forward": {"host_ms": 2.0}}
 
 
+def test_allocator_counts_read_the_caching_allocators_counters(monkeypatch):
+    from deepspeed_zeropp.simulate import runner
+    stats = {"num_alloc_retries": 1, "num_device_alloc": 7, "num_device_free": 3, "num_ooms": 5}
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda: stats)
+    assert runner._allocator_counts(cuda=True) == {
+        "alloc_retries_per_step": 1,
+        "device_mallocs_per_step": 7,
+        "device_frees_per_step": 3
+    }
+    assert runner._allocator_counts(cuda=False) == dict.fromkeys(runner.ALLOCATOR_COUNTS, 0)
+
+
 def test_the_recommendation_is_a_configuration_the_user_runs():
     """Upstream's configurations and ours with a seam left out are measured to compare with, never recommended,
     even where the spread of a host-bound step makes one of them the fastest."""
