@@ -10,6 +10,8 @@ two more, for the communication the compute leaves exposed.
 """
 import contextlib
 import math
+import os
+import resource
 import statistics
 import time
 from typing import NamedTuple, Optional
@@ -177,12 +179,21 @@ def step(engine, shape, micro_batch, index, mark=None):
     return value, (time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3
 
 
+def _involuntary_switches():
+    """How often the kernel has taken the CPU from the calling thread so far (0 where no per-thread count exists)."""
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    return 0 if who is None else resource.getrusage(who).ru_nivcsw
+
+
 class PhaseClock:
     """A ``mark`` for :func:`step` that times its phases without a profiler (whose per-launch cost makes a
     host-bound phase look longer than it is): the host's window, from entering a phase to leaving it, and on CUDA
     the device's, between events recorded on the current stream as the host enters and leaves (the time that stream
-    took over the phase's work, its waits on the communication streams included). :meth:`take` after the step (whose
-    loss ``item()`` has waited for the GPU) gives them."""
+    took over the phase's work, its waits on the communication streams included). Beside them, what tells a slow host
+    from more work: the main thread's own CPU time in the window (``thread_ms``: less than the host's window where
+    the thread waited or was not running) and the times the kernel took the CPU from it there
+    (``involuntary_switches``: other processes wanting the same cores). :meth:`take` after the step (whose loss
+    ``item()`` has waited for the GPU) gives them."""
 
     def __init__(self, cuda):
         self.cuda, self.marks = cuda, []
@@ -192,7 +203,7 @@ class PhaseClock:
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
-        return time.perf_counter(), event
+        return time.perf_counter(), time.thread_time(), _involuntary_switches(), event
 
     @contextlib.contextmanager
     def __call__(self, name):
@@ -203,8 +214,12 @@ class PhaseClock:
     def take(self):
         """{phase: {"host_ms": ..., "device_ms": ... (CUDA only)}} of the phases marked since the last take."""
         found = {}
-        for phase, (host0, event0), (host1, event1) in self.marks:
-            found[phase] = {"host_ms": (host1 - host0) * 1e3}
+        for phase, (host0, thread0, switches0, event0), (host1, thread1, switches1, event1) in self.marks:
+            found[phase] = {
+                "host_ms": (host1 - host0) * 1e3,
+                "thread_ms": (thread1 - thread0) * 1e3,
+                "involuntary_switches": switches1 - switches0
+            }
             if event0 is not None:
                 event1.synchronize()
                 found[phase]["device_ms"] = event0.elapsed_time(event1)
@@ -223,6 +238,28 @@ def _allocator_counts(cuda):
     """The counters of ``ALLOCATOR_COUNTS`` so far, 0 each on the CPU."""
     stats = torch.cuda.memory_stats() if cuda else {}
     return {key: stats.get(name, 0) for key, name in ALLOCATOR_COUNTS.items()}
+
+
+def _cpu_load():
+    """(wall s, this process's CPU s, the machine's busy CPU s or None): differences of two give how many cores
+    this process and the whole machine kept busy in between. The machine's figure is the kernel's (/proc/stat, in
+    its clock ticks); beside this process's it shows what other processes on the host took."""
+    machine = None
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(field) for field in stat.readline().split()[1:]]
+        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle and waiting for I/O
+        machine = (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # user to steal; guests are counted in user
+    except (OSError, ValueError, IndexError):
+        pass
+    return time.perf_counter(), time.process_time(), machine
+
+
+def _cores_busy(before, after):
+    """{"this_process": cores, "machine": cores or None} between two :func:`_cpu_load` readings."""
+    wall = max(after[0] - before[0], 1e-9)
+    machine = None if before[2] is None or after[2] is None else (after[2] - before[2]) / wall
+    return {"this_process": (after[1] - before[1]) / wall, "machine": machine}
 
 
 def _median_phases(steps):
@@ -445,7 +482,7 @@ def _block(key, engine, plan, info):
     for name, link in plan.links.items():
         world.set_link(link)
         world.reset_counts()
-        times, phases, before = [], [], _allocator_counts(cuda)
+        times, phases, before, load = [], [], _allocator_counts(cuda), _cpu_load()
         for i in range(plan.steps):
             times.append(step(engine, shape, batch, index + i, mark=clock))
             phases.append(clock.take())
@@ -461,6 +498,7 @@ def _block(key, engine, plan, info):
                 key: (count - before[key]) / plan.steps
                 for key, count in _allocator_counts(cuda).items()
             },
+            "cores_busy": _cores_busy(load, _cpu_load()),
             **counted(plan.steps),
         }
         by_link[name]["problems"] = proof(key, by_link[name]["collectives"], plan.topology)

@@ -142,9 +142,29 @@ def test_phase_clock_times_each_phase_and_forgets_them_when_taken():
     first = clock.take()
     assert list(first) == ["forward", "backward"] and first["forward"]["host_ms"] >= 20
     assert first["backward"]["host_ms"] < first["forward"]["host_ms"] and "device_ms" not in first["forward"]
+    assert first["forward"]["thread_ms"] < 10  # asleep: the host's window, not the thread's CPU time
+    assert first["forward"]["involuntary_switches"] >= 0
+    with clock(timeline.PHASE_MARK + "forward"):
+        spin = time.thread_time() + 0.02
+        while time.thread_time() < spin:
+            pass
+    busy = clock.take()["forward"]
+    assert busy["thread_ms"] >= 20 and busy["host_ms"] >= busy["thread_ms"] - 1
     assert clock.take() == {}
     steps = [{"forward": {"host_ms": ms}} for ms in (3.0, 1.0, 2.0)]
     assert runner._median_phases(steps) == {"forward": {"host_ms": 2.0}}
+
+
+def test_cores_busy_counts_this_process_and_the_machine():
+    from deepspeed_zeropp.simulate import runner
+    before = runner._cpu_load()
+    spin = time.thread_time() + 0.2
+    while time.thread_time() < spin:
+        pass
+    busy = runner._cores_busy(before, runner._cpu_load())
+    assert 0.5 < busy["this_process"] < 1.5  # one thread spinning
+    assert busy["machine"] is None or busy["machine"] > 0.5 * busy["this_process"]  # in the kernel's 10 ms ticks
+    assert runner._cores_busy((0.0, 0.0, None), (2.0, 1.0, None)) == {"this_process": 0.5, "machine": None}
 
 
 def test_allocator_counts_read_the_caching_allocators_counters(monkeypatch):
