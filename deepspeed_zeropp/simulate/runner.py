@@ -9,6 +9,7 @@ configuration, after the repetitions, the GPU kernel time and launches of two pr
 two more, for the communication the compute leaves exposed.
 """
 import contextlib
+import gc
 import math
 import os
 import resource
@@ -232,6 +233,36 @@ ALLOCATOR_COUNTS = {  # the CUDA caching allocator's counters a timed step's fig
     "device_mallocs_per_step": "num_device_alloc",  # cudaMalloc calls: the cache (per stream) had no block to reuse
     "device_frees_per_step": "num_device_free",  # cudaFree calls, each synchronising the device
 }
+
+
+class GarbageClock:
+    """Python's cyclic garbage collector while it is entered: the collections it ran and the time they took (a step
+    whose objects pile up from step to step pays more of it each time). :meth:`figures` after leaving also counts
+    the objects the collector tracks then."""
+
+    def __init__(self):
+        self.ms, self.collections, self._start = 0.0, 0, None
+
+    def _note(self, phase, info):
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.ms += (time.perf_counter() - self._start) * 1e3
+            self.collections, self._start = self.collections + 1, None
+
+    def __enter__(self):
+        gc.callbacks.append(self._note)
+        return self
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self._note)
+
+    def figures(self, steps):
+        return {
+            "gc_ms_per_step": self.ms / steps,
+            "gc_collections_per_step": self.collections / steps,
+            "gc_tracked_objects": len(gc.get_objects())
+        }
 
 
 def _allocator_counts(cuda):
@@ -483,9 +514,11 @@ def _block(key, engine, plan, info):
         world.set_link(link)
         world.reset_counts()
         times, phases, before, load = [], [], _allocator_counts(cuda), _cpu_load()
-        for i in range(plan.steps):
-            times.append(step(engine, shape, batch, index + i, mark=clock))
-            phases.append(clock.take())
+        with GarbageClock() as garbage:
+            for i in range(plan.steps):
+                times.append(step(engine, shape, batch, index + i, mark=clock))
+                phases.append(clock.take())
+        cores = _cores_busy(load, _cpu_load())
         index += plan.steps
         losses += [t[0] for t in times]
         by_link[name] = {
@@ -498,7 +531,8 @@ def _block(key, engine, plan, info):
                 key: (count - before[key]) / plan.steps
                 for key, count in _allocator_counts(cuda).items()
             },
-            "cores_busy": _cores_busy(load, _cpu_load()),
+            "cores_busy": cores,
+            **garbage.figures(plan.steps),
             **counted(plan.steps),
         }
         by_link[name]["problems"] = proof(key, by_link[name]["collectives"], plan.topology)

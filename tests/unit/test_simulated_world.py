@@ -1,6 +1,7 @@
 """The simulated world's parts without DeepSpeed: the link model's ring costs, the topology's link classes, the
 store that answers for the simulated ranks, the values each collective hands back (as if every rank held what
 this one holds), and the runner's phase clock."""
+import gc
 import time
 
 import pytest
@@ -165,6 +166,19 @@ def test_cores_busy_counts_this_process_and_the_machine():
     assert 0.5 < busy["this_process"] < 1.5  # one thread spinning
     assert busy["machine"] is None or busy["machine"] > 0.5 * busy["this_process"]  # in the kernel's 10 ms ticks
     assert runner._cores_busy((0.0, 0.0, None), (2.0, 1.0, None)) == {"this_process": 0.5, "machine": None}
+
+
+def test_garbage_clock_counts_the_collections_inside_it_only():
+    from deepspeed_zeropp.simulate import runner
+    gc.collect()
+    with runner.GarbageClock() as garbage:
+        gc.collect()
+        gc.collect(0)
+    gc.collect()
+    figures = garbage.figures(steps=2)
+    assert garbage.collections == 2 and figures["gc_collections_per_step"] == 1
+    assert 0 < figures["gc_ms_per_step"] and figures["gc_tracked_objects"] > 1000
+    assert garbage._note not in gc.callbacks
 
 
 def test_allocator_counts_read_the_caching_allocators_counters(monkeypatch):
