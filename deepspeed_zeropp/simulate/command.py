@@ -101,6 +101,10 @@ def run(args):
         return 1
     print(f"\n[simulate] every run: no skipped step, finite losses, its quantized paths ran; "
           f"{time.monotonic() - started:.0f} s")
+    others = report.other_cores(results)
+    if others is not None and others > report.BUSY_HOST_CORES:
+        print(f"[simulate] note: other processes kept up to {others:.1f} cores of this machine busy during the timed "
+              "steps; a host-bound step runs slower and varies more than on a machine of its own")
     return 0
 
 

@@ -90,6 +90,20 @@ def problems(results):
     return found
 
 
+BUSY_HOST_CORES = 0.5  # other processes' busy cores, on average over one link's timed steps, worth a note
+
+
+def other_cores(results):
+    """The most cores other processes kept busy on this machine during any link's timed steps, as the kernel counts
+    them (runner's ``cores_busy``); None where it could not count the machine's."""
+    found = [
+        figures["cores_busy"]["machine"] - figures["cores_busy"]["this_process"] for rep in results["reps"]
+        for run in rep.values() for figures in run["by_link"].values()
+        if figures.get("cores_busy", {}).get("machine") is not None
+    ]
+    return max(found) if found else None
+
+
 def recommend(table, link):
     """The fastest configuration under ``link`` that a user of this package runs (unquantized, or ours with every
     seam: upstream's and the variants that leave a seam out are there to compare with), and the DeepSpeed flags

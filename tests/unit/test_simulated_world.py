@@ -209,3 +209,25 @@ def test_the_recommendation_is_a_configuration_the_user_runs():
     best, flags = report.recommend(table, "link")
     assert best == "ours-qwz-qgz-hpz" and flags["zero_hpz_partition_size"] == "GPUs per node"
     assert report.recommend(rows(unquantized=400, ours_qwz=410, upstream_qwz=390), "link")[0] == "unquantized"
+
+
+def test_other_cores_is_the_busiest_links_load_from_other_processes():
+    from deepspeed_zeropp.simulate import report
+
+    def block(*loads):
+        return {
+            "by_link": {
+                f"link {i}": {
+                    "cores_busy": {
+                        "this_process": own,
+                        "machine": machine
+                    }
+                }
+                for i, (own, machine) in enumerate(loads)
+            }
+        }
+
+    results = {"reps": [{"a": block((1.0, 1.1), (1.0, 3.5))}, {"a": block((1.0, 1.0)), "b": block((2.0, None))}]}
+    assert report.other_cores(results) == 2.5
+    assert report.other_cores({"reps": [{"b": block((2.0, None))}]}) is None
+    assert report.other_cores({"reps": [{"a": {"by_link": {"old": {"median_ms": 1.0}}}}]}) is None
