@@ -213,7 +213,8 @@ class PhaseClock:
         self.marks.append((name[len(timeline.PHASE_MARK):], start, self._now()))
 
     def take(self):
-        """{phase: {"host_ms": ..., "device_ms": ... (CUDA only)}} of the phases marked since the last take."""
+        """{phase: {"host_ms", "thread_ms", "involuntary_switches", "device_ms" (CUDA only)}} of the phases marked
+        since the last take."""
         found = {}
         for phase, (host0, thread0, switches0, event0), (host1, thread1, switches1, event1) in self.marks:
             found[phase] = {
